@@ -1,0 +1,316 @@
+"""Job configuration: one YAML file -> typed, validated dataclasses.
+
+Torch-free on purpose: the launcher, `--plan` and the NUMA check mode load configs
+without importing torch.
+
+Validation is strict. Every problem raises `ConfigError` whose message names the full
+dotted key path, the offending value and what would be valid (with the closest key for
+a typo). The CLI turns a ConfigError into exit code 2 before anything touches the disk.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Invalid configuration or command-line usage (exit code 2)."""
+
+
+def _f(default: Any = dataclasses.MISSING, *, help: str = "", min: float | None = None,
+       max: float | None = None, min_exclusive: bool = False, default_factory: Any = dataclasses.MISSING):
+    meta = {"help": help, "min": min, "max": max, "min_exclusive": min_exclusive}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class EnvConfig:
+    name: str = _f("pendulum", help="task name: a built-in env (see fastsac.envs.registry) or gymnasium:<id>")
+    num_envs: int = _f(4096, min=1, help="total parallel envs, split across collectors")
+    max_episode_steps: int = _f(0, min=0, help="episode length before truncation; 0 = the task's default")
+
+
+@dataclass
+class AlgoConfig:
+    """FastSAC hyper-parameters. Defaults are the GPU reference values (holosoma / MotrixLab)."""
+    actor_hidden_dim: int = _f(512, min=1)
+    critic_hidden_dim: int = _f(768, min=1)
+    actor_num_layers: int = _f(3, min=1, help="hidden layers of the actor MLP")
+    critic_num_layers: int = _f(3, min=1, help="hidden layers of each critic MLP")
+    num_atoms: int = _f(101, min=2, help="C51 support size")
+    v_min: float = _f(-20.0)
+    v_max: float = _f(20.0)
+    gamma: float = _f(0.97, min=0.0, max=1.0)
+    tau: float = _f(0.125, min=0.0, max=1.0, min_exclusive=True, help="target network soft-update rate")
+    batch_size: int = _f(8192, min=1)
+    num_updates: int = _f(8, min=0, help="gradient updates per env-step batch; 0 = collect only")
+    policy_frequency: int = _f(4, min=1, help="actor/alpha update every N critic updates")
+    num_steps: int = _f(1, min=1, help="n-step return horizon")
+    buffer_size: int = _f(1024, min=2, help="replay slots per env (one circular row per env)")
+    learning_starts: int = _f(10, min=0, help="env-step batches of random actions before the policy acts and updates start")
+    actor_lr: float = _f(3e-4, min=0.0, min_exclusive=True)
+    critic_lr: float = _f(3e-4, min=0.0, min_exclusive=True)
+    alpha_lr: float = _f(3e-4, min=0.0, min_exclusive=True)
+    adam_beta1: float = _f(0.9, min=0.0, max=1.0)
+    adam_beta2: float = _f(0.95, min=0.0, max=1.0)
+    weight_decay: float = _f(0.001, min=0.0)
+    alpha_init: float = _f(0.001, min=0.0, min_exclusive=True)
+    autotune_alpha: bool = _f(True)
+    target_entropy_ratio: float = _f(0.0, help="target entropy = -act_dim * ratio")
+    log_std_min: float = _f(-5.0)
+    log_std_max: float = _f(0.0)
+    obs_normalization: bool = _f(True)
+    max_grad_norm: float = _f(0.0, min=0.0, help="gradient clipping; 0 = off")
+    compile: bool = _f(False, help="torch.compile the update (CUDA only; ignored on CPU)")
+    amp: bool = _f(False, help="bf16 autocast for the update (CUDA only; ignored on CPU)")
+
+
+@dataclass
+class AsyncOptions:
+    num_collectors: int = _f(1, min=1, help="collector processes; each owns one ring and one weight snapshot")
+    ring_capacity: int = _f(16, min=2, help="slots (env-step batches) per collector ring")
+    max_ingest_per_iter: int = _f(16, min=1, help="most slots the learner drains from all rings per iteration")
+    utd_mode: Literal["strict", "learner_bound"] = _f("strict")
+    weight_publish_interval: int = _f(8, min=1, help="publish actor weights every N updates")
+    weight_poll_interval: int = _f(8, min=1, help="collectors poll their snapshot every N env steps")
+    collector_inference_device: str = _f("cpu", help="auto | cpu | cuda | cuda:N")
+    numa_binding: Literal["off", "auto", "numactl", "inprocess"] = _f("off")
+    placement: Literal["spread", "colocate"] = _f("spread")
+    numa_nodes: list[int] = _f(default_factory=list, help="explicit node per collector (overrides placement)")
+    cpus_per_collector: int = _f(0, min=0, help="CPUs per collector inside a node; 0 = the node's CPUs shared evenly")
+    learner_numa_node: int = _f(-1, min=-1, help="-1 = the GPU's node (node 0 when unknown)")
+    manual_collectors: list[int] = _f(default_factory=list, help="collector ids the launcher leaves for a person to start")
+    max_restarts: int = _f(3, min=0, help="restarts per collector before the job stops")
+    restart_backoff_s: float = _f(1.0, min=0.0)
+    heartbeat_timeout_s: float = _f(30.0, min=0.0, min_exclusive=True)
+
+
+@dataclass
+class TrainerConfig:
+    num_iterations: int = _f(1000, min=1, help="run length in env-step batches (per collector in async mode)")
+    asynchronous: bool = _f(True)
+    async_options: AsyncOptions = field(default_factory=AsyncOptions)
+
+
+@dataclass
+class LoggingConfig:
+    interval: int = _f(10, min=1, help="console + TensorBoard every N iterations")
+    interval_s: float = _f(10.0, min=0.0, min_exclusive=True, help="and at least every this many seconds")
+    tensorboard: bool = _f(True)
+    console: bool = _f(True)
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = _f(500, min=0, help="checkpoint every N iterations; 0 = only at the end")
+    keep: int = _f(3, min=1, help="newest checkpoints kept")
+
+
+@dataclass
+class Config:
+    job_name: str = _f("fastsac", help="names the shared-memory segments: [A-Za-z0-9_-], at most 32 characters")
+    run_dir: str = _f("", help="TensorBoard logs, checkpoints and process logs; '' = runs/<job_name>")
+    seed: int = _f(1, min=0)
+    device: str = _f("auto", help="learner device: auto | cpu | cuda | cuda:N")
+    resume: str = _f("", help="'' = fresh start, 'auto' = newest valid checkpoint in run_dir, or a .pt path")
+    env: EnvConfig = field(default_factory=EnvConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir or f"runs/{self.job_name}")
+
+
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+# --------------------------------------------------------------------------- loading
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(path: str, value: Any, tp: Any, meta: dict) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{path}: {value!r} is not valid; expected one of {', '.join(map(repr, choices))}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected a {_type_name(tp)} (e.g. [0, 1])")
+        return [_coerce(f"{path}[{i}]", v, item_tp, meta) for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected an integer")
+    elif tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads '3e-4' as a string; accept what float() accepts
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected a number")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{path}: {value!r} is not a finite number")
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected a string")
+        return value
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and (value < lo or (meta.get("min_exclusive") and value == lo)):
+        rel = ">" if meta.get("min_exclusive") else ">="
+        valid = f"{rel} {lo}" + (f" and <= {hi}" if hi is not None else "")
+        raise ConfigError(f"{path}: {value!r} is out of range; expected a value {valid}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{path}: {value!r} is out of range; expected a value <= {hi}")
+    return value
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    where = prefix or "the config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            hint = f"; did you mean '{(prefix + '.' if prefix else '') + close[0]}'?" if close else ""
+            raise ConfigError(f"{path}: unknown key{hint} (valid keys in {where}: {', '.join(fields)})")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, path)
+        else:
+            kwargs[key] = _coerce(path, value, tp, dict(fields[key].metadata))
+    return cls(**kwargs)
+
+
+def _check_cross_fields(cfg: Config) -> None:
+    if not JOB_NAME_RE.match(cfg.job_name):
+        raise ConfigError(f"job_name: {cfg.job_name!r} cannot name a shared-memory segment; "
+                          "use 1-32 characters from A-Z a-z 0-9 _ -")
+    for key in ("device", "trainer.async_options.collector_inference_device"):
+        value = cfg.device if key == "device" else cfg.trainer.async_options.collector_inference_device
+        if not _DEVICE_RE.match(value):
+            raise ConfigError(f"{key}: {value!r} is not valid; expected auto, cpu, cuda or cuda:N")
+    a = cfg.algo
+    if a.v_min >= a.v_max:
+        raise ConfigError(f"algo.v_min: {a.v_min} must be below algo.v_max ({a.v_max})")
+    if a.log_std_min >= a.log_std_max:
+        raise ConfigError(f"algo.log_std_min: {a.log_std_min} must be below algo.log_std_max ({a.log_std_max})")
+    if a.num_steps >= a.buffer_size:
+        raise ConfigError(f"algo.num_steps: {a.num_steps} must be below algo.buffer_size ({a.buffer_size})")
+    ao = cfg.trainer.async_options
+    if cfg.env.num_envs < ao.num_collectors:
+        raise ConfigError(f"env.num_envs: {cfg.env.num_envs} is fewer than trainer.async_options.num_collectors "
+                          f"({ao.num_collectors}); every collector needs at least one env")
+    if ao.numa_nodes and len(ao.numa_nodes) != ao.num_collectors:
+        raise ConfigError(f"trainer.async_options.numa_nodes: {ao.numa_nodes} has {len(ao.numa_nodes)} entries but "
+                          f"num_collectors is {ao.num_collectors}; give one node per collector or leave it empty")
+    for i, cid in enumerate(ao.manual_collectors):
+        if not 0 <= cid < ao.num_collectors:
+            raise ConfigError(f"trainer.async_options.manual_collectors[{i}]: {cid} is not a collector id; "
+                              f"valid ids are 0..{ao.num_collectors - 1}")
+    from fastsac.envs.registry import check_env_name  # torch-free
+    check_env_name(cfg.env.name)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. trainer.num_iterations=200")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: the key {key!r} is not a dotted key path")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict | None, overrides: list[str] = ()) -> Config:
+    data = apply_overrides(dict(data or {}), list(overrides))
+    cfg = _build(Config, data, "")
+    _check_cross_fields(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Load and validate a job config. Raises ConfigError (exit 2) on any problem."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist" if not p.exists()
+                              else f"config file {str(p)!r} is not a regular file")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(p)!r}: expected a mapping of keys at the top, got {type(data).__name__}")
+    return config_from_dict(_deep_copy(data), overrides)
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)

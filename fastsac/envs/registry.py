@@ -1,0 +1,69 @@
+"""Env names -> constructors. Torch-free.
+
+Built-in tasks are registered in BUILTIN_ENVS (module path + class name, imported on
+demand so optional dependencies such as mujoco are only needed when used).
+`gymnasium:<id>` wraps any Gymnasium env id.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+
+from fastsac.config import ConfigError
+
+# name -> (module, class). Every class takes (num_envs, seed, first_env_id, max_episode_steps, num_threads).
+BUILTIN_ENVS: dict[str, tuple[str, str]] = {
+    "pendulum": ("fastsac.envs.pendulum", "PendulumSwingUp"),
+}
+GYMNASIUM_PREFIX = "gymnasium:"
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    obs_dim: int
+    critic_obs_dim: int
+    act_dim: int
+    max_episode_steps: int
+
+
+def check_env_name(name: str) -> None:
+    """Raise ConfigError for a name that is neither built in nor gymnasium:<id>."""
+    if name.startswith(GYMNASIUM_PREFIX):
+        if not name[len(GYMNASIUM_PREFIX):]:
+            raise ConfigError(f"env.name: {name!r} names no Gymnasium id; expected gymnasium:<id>, e.g. gymnasium:Pendulum-v1")
+        return
+    if name not in BUILTIN_ENVS:
+        close = difflib.get_close_matches(name, list(BUILTIN_ENVS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"env.name: {name!r} is not a known env{hint} "
+                          f"(built in: {', '.join(sorted(BUILTIN_ENVS))}; or gymnasium:<id>)")
+
+
+def _env_class(name: str):
+    check_env_name(name)
+    if name.startswith(GYMNASIUM_PREFIX):
+        from fastsac.envs.gymnasium_adapter import GymnasiumVecEnv
+        return GymnasiumVecEnv
+    module, cls = BUILTIN_ENVS[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_env(name: str, num_envs: int, seed: int, first_env_id: int = 0,
+             max_episode_steps: int = 0, num_threads: int = 1):
+    """Build a VecEnv for the global env ids [first_env_id, first_env_id + num_envs)."""
+    cls = _env_class(name)
+    kwargs = dict(num_envs=num_envs, seed=seed, first_env_id=first_env_id,
+                  max_episode_steps=max_episode_steps, num_threads=num_threads)
+    if name.startswith(GYMNASIUM_PREFIX):
+        kwargs["env_id"] = name[len(GYMNASIUM_PREFIX):]
+    return cls(**kwargs)
+
+
+def env_spec(name: str, max_episode_steps: int = 0) -> EnvSpec:
+    """Dimensions of a task, read off a one-env instance."""
+    env = make_env(name, 1, seed=0, max_episode_steps=max_episode_steps)
+    try:
+        return EnvSpec(env.obs_dim, env.critic_obs_dim, env.act_dim, env.max_episode_steps)
+    finally:
+        env.close()

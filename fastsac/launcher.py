@@ -1,0 +1,85 @@
+"""`fastsac-launch CONFIG.yaml [key=value ...]`: the job supervisor and CLI entry point.
+
+Torch-free: it validates the config, plans placement, creates the job's control
+segment, starts the learner and the collectors as separate processes (each under
+numactl when binding is on), supervises them and cleans up. The synchronous trainer
+(`trainer.asynchronous: false`) runs in this process instead.
+
+Exit codes: 0 finished (or stopped gracefully by SIGTERM/SIGINT after the final
+checkpoint), 1 runtime failure, 2 invalid config or usage.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastsac.config import Config, ConfigError, load_config
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's default is exit 2 too; keep our prefix
+        self.print_usage(sys.stderr)
+        print(f"fastsac-launch: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = UsageArgumentParser(
+        prog="fastsac-launch",
+        description="Train FastSAC from a YAML job config. Overrides: dotted key=value pairs, "
+                    "e.g. trainer.num_iterations=200 seed=3.")
+    p.add_argument("config", nargs="?", help="job config YAML (see configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    return p
+
+
+def check_run_dir(cfg: Config) -> None:
+    """Refuse early (exit 2) when run_dir cannot be created or written."""
+    import os
+    path = cfg.run_path
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir: {str(path)!r} is not writable (nearest existing parent {str(probe)!r} "
+                          "is not a writable directory); choose another run_dir")
+    if path.exists() and not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir: {str(path)!r} is not writable; choose another run_dir")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.config is None:
+            raise ConfigError("no config file given; usage: fastsac-launch CONFIG.yaml [key=value ...]")
+        cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            from fastsac.config import config_to_yaml
+            print(config_to_yaml(cfg), end="")
+            return EXIT_OK
+        from fastsac.envs.registry import env_spec
+        env_spec(cfg.env.name, cfg.env.max_episode_steps)  # unknown gymnasium id / missing extra -> exit 2
+        check_run_dir(cfg)
+    except ConfigError as exc:
+        print(f"fastsac-launch: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not cfg.trainer.asynchronous:
+        return run_sync(cfg)
+    raise SystemExit("async trainer not implemented yet")
+
+
+def run_sync(cfg: Config) -> int:
+    from fastsac.checkpoint import CheckpointError
+    from fastsac.trainer_sync import train_sync
+    try:
+        return train_sync(cfg)
+    except (CheckpointError, ConfigError) as exc:
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

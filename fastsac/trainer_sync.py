@@ -1,0 +1,108 @@
+"""The synchronous baseline (`trainer.asynchronous: false`): one process, one loop.
+
+    act -> env.step -> buffer.extend -> update(num_updates)    (repeat num_iterations times)
+
+It is the reference the async trainer is measured against, and the simplest way to
+debug the algorithm. Checkpoints are interchangeable with the async learner's.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import torch
+
+from fastsac import learner_core
+from fastsac.config import Config
+from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.episodes import EpisodeTracker, EpisodeWindow
+from fastsac.metrics import MetricsLogger, RateMeter, fmt, format_duration
+
+
+class StopRequest:
+    """SIGTERM/SIGINT -> finish the current iteration, write a final checkpoint, exit 0."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+
+def to_device(x: np.ndarray | None, device: torch.device, dtype=torch.float32) -> torch.Tensor | None:
+    return None if x is None else torch.as_tensor(x, dtype=dtype).to(device)
+
+
+def train_sync(cfg: Config) -> int:
+    device = learner_core.resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    n = cfg.env.num_envs
+    env = make_env(cfg.env.name, n, seed=cfg.seed, first_env_id=0, max_episode_steps=cfg.env.max_episode_steps)
+    spec = EnvSpec(env.obs_dim, env.critic_obs_dim, env.act_dim, env.max_episode_steps)
+    agent, buffer = learner_core.build_agent(cfg, spec, env.action_low, env.action_high, device)
+    env_steps = learner_core.restore(cfg, spec, agent)
+    start_it = env_steps // n
+    obs, critic_obs = env.reset(cfg.seed if start_it == 0 else cfg.seed + 7919 * start_it)
+    rng = np.random.default_rng([cfg.seed, start_it])
+    cfg.run_path.mkdir(parents=True, exist_ok=True)
+    log = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+    stop = StopRequest()
+    episodes, window = EpisodeTracker(n), EpisodeWindow()
+    steps_rate, updates_rate = RateMeter(env_steps), RateMeter(agent.num_updates_done)
+    learn_time, window_start, last_log = 0.0, time.perf_counter(), time.perf_counter()
+    run_start, run_start_it = time.perf_counter(), start_it
+    metrics: dict = {}
+    rows = slice(0, n)
+    log.line(f"fastsac sync: {cfg.env.name} x{n} envs on {device}, iterations {start_it}..{cfg.trainer.num_iterations}")
+    it = start_it
+    for it in range(start_it, cfg.trainer.num_iterations):
+        if stop.requested:
+            log.line("stop requested: writing final checkpoint")
+            break
+        if it < cfg.algo.learning_starts:
+            actions = rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
+        else:
+            actions = agent.act(to_device(obs, device)).cpu().numpy()
+        res = env.step(actions)
+        done = res.terminated | res.truncated
+        done_idx = np.flatnonzero(done)
+        learner_core.ingest(
+            agent, buffer, rows, to_device(obs, device), to_device(critic_obs, device),
+            to_device(actions, device), to_device(res.reward, device),
+            to_device(res.terminated, device, torch.bool), to_device(res.truncated, device, torch.bool),
+            to_device(done_idx, device, torch.int64), to_device(res.final_obs[done_idx], device),
+            None if res.final_critic_obs is None else to_device(res.final_critic_obs[done_idx], device))
+        episodes.step(res.reward, done)
+        obs, critic_obs = res.obs, res.critic_obs
+        env_steps += n
+        if it >= cfg.algo.learning_starts and cfg.algo.num_updates > 0 and buffer.num_sampleable() > 0:
+            t0 = time.perf_counter()
+            metrics = agent.train(buffer, cfg.algo.num_updates)
+            learn_time += time.perf_counter() - t0
+        now = time.perf_counter()
+        last_iteration = it + 1 == cfg.trainer.num_iterations
+        if (it + 1) % cfg.logging.interval == 0 or now - last_log >= cfg.logging.interval_s or last_iteration:
+            window.take(episodes.count, episodes.return_sum, episodes.length_sum)
+            sps = steps_rate.rate(env_steps)
+            ups = updates_rate.rate(agent.num_updates_done)
+            learn_pct = 100.0 * learn_time / max(now - window_start, 1e-9)
+            learn_time, window_start, last_log = 0.0, now, now
+            scalars = {"rollout/mean_return": window.mean_return, "rollout/mean_ep_len": window.mean_length,
+                       "perf/env_steps_per_s": sps, "perf/updates_per_s": ups, "perf/learn_pct": learn_pct}
+            scalars.update({f"train/{k}": float(v) for k, v in metrics.items()})
+            log.scalars(env_steps, scalars)
+            done_its = it + 1 - run_start_it
+            eta = (now - run_start) / done_its * (cfg.trainer.num_iterations - it - 1)
+            log.line(f"[{it + 1}/{cfg.trainer.num_iterations}] {env_steps:,} steps | {sps:,.0f} env-steps/s | "
+                     f"{ups:.1f} upd/s | learn {learn_pct:.0f}% | return {fmt(window.mean_return)} | "
+                     f"ETA {format_duration(eta)}")
+        if cfg.checkpoint.interval and (it + 1) % cfg.checkpoint.interval == 0 and not last_iteration:
+            learner_core.save(cfg, spec, agent, env_steps)
+    path = learner_core.save(cfg, spec, agent, env_steps)
+    log.line(f"final checkpoint: {path}")
+    log.close()
+    env.close()
+    return 0

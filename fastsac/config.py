@@ -82,7 +82,7 @@ class AsyncOptions:
     utd_mode: Literal["strict", "learner_bound"] = _f("strict")
     weight_publish_interval: int = _f(8, min=1, help="publish actor weights every N updates")
     weight_poll_interval: int = _f(8, min=1, help="collectors poll their snapshot every N env steps")
-    collector_inference_device: str = _f("cpu", help="auto | cpu | cuda | cuda:N")
+    collector_inference_device: str = _f("auto", help="auto | cpu | cuda | cuda:N")
     numa_binding: Literal["off", "auto", "numactl", "inprocess"] = _f("off")
     placement: Literal["spread", "colocate"] = _f("spread")
     numa_nodes: list[int] = _f(default_factory=list, help="explicit node per collector (overrides placement)")
@@ -91,7 +91,10 @@ class AsyncOptions:
     manual_collectors: list[int] = _f(default_factory=list, help="collector ids the launcher leaves for a person to start")
     max_restarts: int = _f(3, min=0, help="restarts per collector before the job stops")
     restart_backoff_s: float = _f(1.0, min=0.0)
-    heartbeat_timeout_s: float = _f(30.0, min=0.0, min_exclusive=True)
+    heartbeat_timeout_s: float = _f(30.0, min=0.0, min_exclusive=True,
+                                    help="a process whose heartbeat is older than this is considered dead")
+    stop_timeout_s: float = _f(120.0, min=0.0, min_exclusive=True,
+                               help="graceful stop (final checkpoint) deadline before SIGTERM/SIGKILL escalation")
 
 
 @dataclass
@@ -314,3 +317,31 @@ def config_to_dict(cfg: Config) -> dict:
 
 def config_to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def config_keys_markdown() -> str:
+    """The table of every config key (docs/design.md embeds it; a test keeps them equal)."""
+    rows = ["| key | type | default | valid | meaning |", "|---|---|---|---|---|"]
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp, path = hints[f.name], prefix + f.name
+            if dataclasses.is_dataclass(tp):
+                walk(tp, path + ".")
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            meta = f.metadata
+            valid = []
+            if meta.get("min") is not None:
+                valid.append((">" if meta.get("min_exclusive") else ">=") + f" {meta['min']}")
+            if meta.get("max") is not None:
+                valid.append(f"<= {meta['max']}")
+            rows.append(f"| `{path}` | {_type_name(tp)} | `{default!r}` | {', '.join(valid)} | {meta.get('help', '')} |")
+
+    walk(Config, "")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(config_keys_markdown())

@@ -15,6 +15,10 @@ from fastsac.config import ConfigError
 # name -> (module, class). Every class takes (num_envs, seed, first_env_id, max_episode_steps, num_threads).
 BUILTIN_ENVS: dict[str, tuple[str, str]] = {
     "pendulum": ("fastsac.envs.pendulum", "PendulumSwingUp"),
+    # Gymnasium v5 locomotion tasks, batched MuJoCo (optional extra: pip install 'fastsac[mujoco]')
+    "humanoid": ("fastsac.envs.mujoco_tasks", "Humanoid"),
+    "ant": ("fastsac.envs.mujoco_tasks", "Ant"),
+    "halfcheetah": ("fastsac.envs.mujoco_tasks", "HalfCheetah"),
 }
 GYMNASIUM_PREFIX = "gymnasium:"
 

@@ -11,6 +11,7 @@ checkpoint), 1 runtime failure, 2 invalid config or usage.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fastsac.config import Config, ConfigError, load_config
@@ -33,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="job config YAML (see configs/)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the placement of every process (node, CPUs, envs, seed, device, exact command) "
+                        "without starting anything")
+    p.add_argument("--json", action="store_true", help="with --plan: print it as JSON")
+    p.add_argument("--check-numa", action="store_true",
+                   help="torch-free placement check: start every process with its real binding, let each "
+                        "create/attach and first-touch its segments, print what /proc says (JSON), exit")
     return p
 
 
@@ -62,13 +70,59 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         from fastsac.envs.registry import env_spec
         env_spec(cfg.env.name, cfg.env.max_episode_steps)  # unknown gymnasium id / missing extra -> exit 2
+        plan = None
+        if cfg.trainer.asynchronous or args.plan or args.check_numa:
+            from fastsac.placement import plan_job
+            from fastsac.topology import discover_topology
+            plan = plan_job(cfg, discover_topology(), os.path.abspath(args.config), args.overrides)
+        if args.plan:
+            return print_plan(plan, args.json)
         check_run_dir(cfg)
     except ConfigError as exc:
         print(f"fastsac-launch: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.check_numa:
+        return run_async(cfg, plan, check_numa=True)
     if not cfg.trainer.asynchronous:
         return run_sync(cfg)
-    raise SystemExit("async trainer not implemented yet")
+    return run_async(cfg, plan)
+
+
+def print_plan(plan, as_json: bool) -> int:
+    from fastsac.placement import format_plan, plan_to_json
+    if as_json:
+        import json
+        print(json.dumps(plan_to_json(plan), indent=2))
+    else:
+        print(format_plan(plan))
+    return EXIT_OK
+
+
+def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
+    from fastsac import shm_layout as shm
+    from fastsac.supervisor import Supervisor
+    job = cfg.job_name
+    try:
+        if shm.job_is_alive(job):
+            print(f"fastsac-launch: job {job!r} is already running (another launcher holds "
+                  f"{shm.ctl_name(job)}); stop it first or choose another job_name", file=sys.stderr)
+            return EXIT_USAGE
+        stale = shm.find_stale_segments(job)
+        if stale:  # their creator is provably dead (lock released / pid gone / other boot)
+            print(f"fastsac-launch: removing stale segments of an earlier launch:\n{shm.format_stale_report(stale)}",
+                  file=sys.stderr)
+        ctl = shm.ControlBlock.create(job, cfg.trainer.async_options.num_collectors)
+    except shm.ShmLayoutError as exc:
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        if check_numa:
+            from fastsac.supervisor import run_numa_check
+            return run_numa_check(cfg, plan, ctl)
+        return Supervisor(cfg, plan, ctl).run()
+    finally:
+        ctl.unlink(include_collectors=True)
+        ctl.close()
 
 
 def run_sync(cfg: Config) -> int:
@@ -76,9 +130,9 @@ def run_sync(cfg: Config) -> int:
     from fastsac.trainer_sync import train_sync
     try:
         return train_sync(cfg)
-    except (CheckpointError, ConfigError) as exc:
+    except (CheckpointError, ConfigError) as exc:  # bad input, e.g. a corrupt checkpoint to resume from
         print(f"fastsac-launch: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

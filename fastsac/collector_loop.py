@@ -1,0 +1,192 @@
+"""The collector's step loop (see collector_main for the command line and the protocol)."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from fastsac import shm_layout as shm
+from fastsac.algo.policy import InferencePolicy
+from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.collector_main import LIVENESS_INTERVAL_S, STATS_INTERVAL_S, StageTimer
+from fastsac.collector_segments import open_ring, open_snapshot
+from fastsac.envs.registry import make_env
+from fastsac.episodes import EpisodeTracker
+from fastsac.process_setup import fail, log
+
+
+class CollectorError(RuntimeError):
+    pass
+
+
+def resolve_inference_device(name: str):
+    import torch
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CollectorError(f"trainer.async_options.collector_inference_device: {name!r} was requested but CUDA "
+                             f"is not available in this process; use cpu or auto")
+    return torch.device(name)
+
+
+class Collector:
+    def __init__(self, ctx, role: str):
+        self.role = role
+        cfg, me = ctx.cfg, ctx.me
+        self.cfg, self.cid, self.ao = cfg, me.collector_id, cfg.trainer.async_options
+        self.ctl = shm.ControlBlock.attach(cfg.job_name, role="collector", collector_id=me.collector_id,
+                                           num_collectors=self.ao.num_collectors)
+        self.rec = self.ctl.collector(me.collector_id)
+        self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed, first_env_id=me.env_first,
+                            max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
+        self.env_first, self.n = me.env_first, me.env_count
+        env = self.env
+        spec = shm.RingSpec(num_envs=self.n, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,
+                            act_dim=env.act_dim, capacity=self.ao.ring_capacity)
+        job_incarnation = self.ctl.incarnation
+        self.ring = open_ring(cfg.job_name, self.cid, spec, job_incarnation)
+        numel = policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo)
+        self.snapshot = open_snapshot(cfg.job_name, self.cid, numel, job_incarnation)
+        self.flat = np.zeros(numel, np.float32)
+        self.device = resolve_inference_device(self.ao.collector_inference_device)
+        self.policy = InferencePolicy(env.obs_dim, env.act_dim, env.action_low, env.action_high, cfg.algo, self.device)
+        # A new incarnation per (re)start: the learner sees the change in the slot headers and drops
+        # the dangling last transition of the previous incarnation (it has no successor).
+        self.incarnation = self.rec["incarnation"] + 1
+        self.rec.update(pid=os.getpid(), incarnation=self.incarnation, state=int(shm.ProcState.STARTING),
+                        started_ns=time.monotonic_ns(), heartbeat_ns=time.monotonic_ns())
+        self.weight_version = 0
+        import torch
+        torch.manual_seed(cfg.seed + self.cid)
+        self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation])
+        log(role, f"envs {self.env_first}..{self.env_first + self.n - 1} of {cfg.env.name}, ring capacity "
+                  f"{spec.capacity}, policy on {self.device}, incarnation {self.incarnation}")
+
+    # ------------------------------------------------------------------ liveness
+    def _should_stop(self, stop: dict) -> str | None:
+        if stop["signal"] is not None:
+            return f"signal {stop['signal']}"
+        if self.ctl.stop_requested():
+            return "stop requested by the launcher"
+        return None
+
+    def _check_peers(self) -> None:
+        if not shm.job_is_alive(self.cfg.job_name):
+            raise CollectorError("the launcher of this job is gone (its lock on the control segment was released)")
+        learner = self.ctl.learner
+        state, pid = shm.ProcState(learner["state"]), learner["pid"]
+        if state == shm.ProcState.FAILED:
+            raise CollectorError("the learner failed")
+        if pid and state != shm.ProcState.FINISHED and not shm.pid_alive(pid):
+            raise CollectorError(f"the learner (pid {pid}) is gone")
+        age = self.ctl.learner_heartbeat_age_s()
+        if state == shm.ProcState.RUNNING and age is not None and age > self.ao.heartbeat_timeout_s:
+            raise CollectorError(f"the learner's heartbeat is {age:.0f}s old (heartbeat_timeout_s="
+                                 f"{self.ao.heartbeat_timeout_s:g})")
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, stop: dict) -> int:
+        cfg, env, ring, n = self.cfg, self.env, self.ring, self.n
+        # Distinct env streams per incarnation: a restart does not replay the same episodes.
+        obs, critic_obs = env.reset(cfg.seed + 7919 * (self.incarnation - 1))
+        # The policy acts once weights arrived and learning_starts batches were collected, by this
+        # collector or before (a resumed job: the learner's env_steps start at the checkpoint's).
+        learned_batches = 0
+        episodes, timer = EpisodeTracker(n), StageTimer()
+        steps = 0
+        last_stats = last_liveness = time.monotonic()
+        backoff = 0.0
+        self.rec["state"] = int(shm.ProcState.RUNNING)
+        while True:
+            reason = self._should_stop(stop)
+            if reason:
+                log(self.role, f"stopping: {reason}; {steps} env-step batches pushed this incarnation")
+                self.rec["state"] = int(shm.ProcState.EXITED)
+                return 0
+            now = time.monotonic()
+            if now - last_liveness >= LIVENESS_INTERVAL_S:
+                last_liveness = now
+                try:
+                    self._check_peers()
+                except CollectorError as exc:
+                    self.rec["state"] = int(shm.ProcState.FAILED)
+                    fail(self.role, str(exc))
+            t0 = time.perf_counter_ns()
+            slot = ring.next_free_slot()
+            if slot is None:  # full ring: back off, do not step the env, drop nothing
+                backoff = min(max(backoff * 2, 50e-6), 2e-3)
+                time.sleep(backoff)
+                timer.add("wait", t0)
+                self.rec["heartbeat_ns"] = time.monotonic_ns()
+                continue
+            backoff = 0.0
+            if steps % self.ao.weight_poll_interval == 0:
+                version = self.snapshot.try_load(self.flat, self.weight_version)
+                if version is not None:
+                    self.policy.load_flat(self.flat)
+                    self.weight_version = version
+                    self.rec["loaded_weight_version"] = version
+                    learned_batches = self.ctl.learner["env_steps"] // cfg.env.num_envs
+                t0 = timer.add("sync", t0)
+            if self.weight_version == 0 or max(steps, learned_batches) < cfg.algo.learning_starts:
+                actions = self.rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
+            else:
+                actions = self.policy.act(obs)
+            t0 = timer.add("sample_actions", t0)
+            res = env.step(actions)
+            t0 = timer.add("env_step", t0)
+            done = res.terminated | res.truncated
+            done_idx = np.flatnonzero(done)
+            self._check_finite(res, done_idx)
+            nf = done_idx.size
+            np.copyto(slot.obs, obs)
+            if slot.critic_obs is not None:
+                np.copyto(slot.critic_obs, critic_obs)
+            np.copyto(slot.actions, actions)
+            np.copyto(slot.rewards, res.reward)
+            np.copyto(slot.terminated, res.terminated)
+            np.copyto(slot.truncated, res.truncated)
+            if nf:
+                slot.final_idx[:nf] = done_idx
+                slot.final_obs[:nf] = res.final_obs[done_idx]
+                if slot.final_critic_obs is not None:
+                    slot.final_critic_obs[:nf] = res.final_critic_obs[done_idx]
+            slot.num_final = nf
+            slot.weight_version = self.weight_version
+            slot.incarnation = self.incarnation
+            steps += 1
+            slot.env_step = steps
+            ring.commit()
+            timer.add("push", t0)
+            episodes.step(res.reward, done)
+            obs, critic_obs = res.obs, res.critic_obs
+            self.rec["env_steps"] = steps * n
+            self.rec["heartbeat_ns"] = time.monotonic_ns()
+            if now - last_stats >= STATS_INTERVAL_S:
+                last_stats = now
+                self._publish_stats(steps, episodes, timer)
+
+    def _publish_stats(self, steps: int, episodes: EpisodeTracker, timer: StageTimer) -> None:
+        self.ctl.write_collector_stats(self.cid, {
+            "steps": steps, "episodes": episodes.count, "return_sum": episodes.return_sum,
+            "length_sum": episodes.length_sum, **{f"{k}_ns": v for k, v in timer.ns.items()}})
+
+    def _check_finite(self, res, done_idx: np.ndarray) -> None:
+        """NaN/inf from an env never reaches the ring (and so never the replay buffer)."""
+        bad = ~np.isfinite(res.reward) | ~np.isfinite(res.obs).all(axis=1)
+        if done_idx.size:
+            bad[done_idx] |= ~np.isfinite(res.final_obs[done_idx]).all(axis=1)
+        if res.critic_obs is not None:
+            bad |= ~np.isfinite(res.critic_obs).all(axis=1)
+        if bad.any():
+            ids = (np.flatnonzero(bad) + self.env_first).tolist()
+            self.rec["state"] = int(shm.ProcState.FAILED)
+            fail(self.role, f"env {self.cfg.env.name!r} produced NaN/inf (observation or reward) in global env ids "
+                            f"{ids[:20]}{' ...' if len(ids) > 20 else ''}; that transition was not pushed")
+
+    def close(self) -> None:
+        for seg in (self.ring, self.snapshot):
+            seg.close()
+        self.ctl.close()
+        self.env.close()

@@ -1,0 +1,366 @@
+"""The learner's loop: ingest from every ring, update, publish, log, checkpoint.
+
+Each collector owns a fixed block of env rows in the replay buffer and its ring is drained
+on its own: a slow or stalled collector never holds back the others (no lockstep merge).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+from fastsac import learner_core
+from fastsac import shm_layout as shm
+from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.collector_segments import segment_exists
+from fastsac.collector_main import STAGES
+from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.episodes import EpisodeWindow
+from fastsac.metrics import MetricsLogger, RateMeter, fmt, format_duration
+from fastsac.process_setup import log
+
+ROLE = "learner"
+ATTACH_RETRY_S = 0.2   # how often missing rings/snapshots are looked for (collectors create them)
+IDLE_SLEEP_S = 200e-6  # strict mode with empty rings: yield the CPU briefly instead of spinning
+_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.uint8): torch.uint8,
+                 np.dtype(np.int64): torch.int64}
+
+
+class CollectorFeed:
+    """The learner's end of one collector: its ring (consumer), its snapshot (writer) and a
+    reusable packed staging buffer with the ring's slot layout, so k slots go to the device
+    in ONE host->device copy (pinned memory on CUDA)."""
+
+    def __init__(self, job: str, cid: int, env_first: int, env_count: int, spec: "shm.RingSpec",
+                 numel: int, device: torch.device, max_slots: int):
+        self.job, self.cid, self.spec, self.numel = job, cid, spec, numel
+        self.rows = slice(env_first, env_first + env_count)
+        self.device = device
+        self.ring: shm.TransitionRing | None = None
+        self.snapshot: shm.WeightSnapshot | None = None
+        self.max_slots = max_slots
+        cuda = device.type == "cuda"
+        nbytes = spec.slot_nbytes
+        self.host = torch.empty((max_slots, nbytes), dtype=torch.uint8, pin_memory=cuda)
+        self.dev = torch.empty((max_slots, nbytes), dtype=torch.uint8, device=device) if cuda else self.host
+        self.copy_done = torch.cuda.Event() if cuda else None
+        host_np = self.host.numpy()
+        self.host_views = []   # per staging index: {field: numpy view}
+        self.dev_views = {}    # field: device tensor [max_slots, *shape]
+        fields = [f for f in spec.slot_fields() if f.name != "header"]  # header values travel as python ints
+        for f in fields:
+            self.dev_views[f.name] = (self.dev[:, f.offset:f.offset + f.nbytes].view(_TORCH_DTYPES[f.dtype])
+                                      .unflatten(1, f.shape))
+        for j in range(max_slots):
+            self.host_views.append({f.name: host_np[j, f.offset:f.offset + f.nbytes].view(f.dtype).reshape(f.shape)
+                                    for f in fields})
+        self.last_incarnation = None
+        self.last_slot_version = 0
+        self.ingested_slots = 0
+        self.max_lag = 0
+
+    def try_attach(self) -> bool:
+        """Attach ring and snapshot once the collector created them; True on a new attachment."""
+        if self.ring is not None and self.snapshot is not None:
+            return False
+        if self.ring is None:
+            if not segment_exists(shm.ring_name(self.job, self.cid)):
+                return False
+            self.ring = shm.TransitionRing.attach(self.job, self.cid, self.spec, role="consumer")
+        if self.snapshot is None:
+            if not segment_exists(shm.wts_name(self.job, self.cid)):
+                return False
+            self.snapshot = shm.WeightSnapshot.attach(self.job, self.cid, self.numel, role="writer")
+        return True
+
+    def fill(self) -> float:
+        return self.ring.available() / self.spec.capacity if self.ring is not None else 0.0
+
+    def stage(self, max_slots: int) -> list[tuple[int, int, int]]:
+        """Copy up to max_slots ready slots into staging and send them to the device.
+
+        Returns per slot (num_final, weight_version, incarnation). The ring's read cursor is
+        released only after the data is out of shared memory.
+        """
+        if self.ring is None:
+            return []
+        views = self.ring.peek(min(max_slots, self.max_slots))
+        if not views:
+            return []
+        if self.copy_done is not None:
+            self.copy_done.synchronize()  # the previous host->device copy must be done before we overwrite
+        meta = []
+        for j, v in enumerate(views):
+            st = self.host_views[j]
+            nf = int(v.num_final)
+            np.copyto(st["obs"], v.obs)
+            np.copyto(st["actions"], v.actions)
+            np.copyto(st["rewards"], v.rewards)
+            np.copyto(st["terminated"], v.terminated)
+            np.copyto(st["truncated"], v.truncated)
+            if v.critic_obs is not None:
+                np.copyto(st["critic_obs"], v.critic_obs)
+            if nf:  # sparse: only the rows of envs whose episode ended
+                st["final_idx"][:nf] = v.final_idx[:nf]
+                st["final_obs"][:nf] = v.final_obs[:nf]
+                if v.final_critic_obs is not None:
+                    st["final_critic_obs"][:nf] = v.final_critic_obs[:nf]
+            meta.append((nf, int(v.weight_version), int(v.incarnation)))
+        k = len(views)
+        self.ring.release(k)
+        if self.copy_done is not None:
+            self.dev[:k].copy_(self.host[:k], non_blocking=True)
+            self.copy_done.record()
+        return meta
+
+    def slot(self, j: int, nf: int) -> dict:
+        d = self.dev_views
+        return {"obs": d["obs"][j], "critic_obs": d["critic_obs"][j] if "critic_obs" in d else None,
+                "actions": d["actions"][j], "rewards": d["rewards"][j],
+                "terminated": d["terminated"][j].bool(), "truncated": d["truncated"][j].bool(),
+                "final_idx": d["final_idx"][j, :nf], "final_obs": d["final_obs"][j, :nf],
+                "final_critic_obs": d["final_critic_obs"][j, :nf] if "final_critic_obs" in d else None}
+
+    def close(self) -> None:
+        for seg in (self.ring, self.snapshot):
+            if seg is not None:
+                seg.close()
+
+
+class Learner:
+    def __init__(self, ctx):
+        cfg = self.cfg = ctx.cfg
+        self.ao = cfg.trainer.async_options
+        self.ctl = shm.ControlBlock.attach(cfg.job_name, role="learner", num_collectors=self.ao.num_collectors)
+        probe = make_env(cfg.env.name, 1, seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
+        self.spec = EnvSpec(probe.obs_dim, probe.critic_obs_dim, probe.act_dim, probe.max_episode_steps)
+        low, high = probe.action_low, probe.action_high
+        probe.close()
+        self.device = learner_core.resolve_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        self.agent, self.buffer = learner_core.build_agent(cfg, self.spec, low, high, self.device)
+        self.env_steps = learner_core.restore(cfg, self.spec, self.agent, lambda m: log(ROLE, m))
+        self.start_env_steps = self.env_steps
+        self.total_env_steps = cfg.trainer.num_iterations * cfg.env.num_envs
+        numel = policy_flat_numel(self.spec.obs_dim, self.spec.act_dim, cfg.algo)
+        self.feeds = [CollectorFeed(cfg.job_name, c.collector_id, c.env_first, c.env_count,
+                                    shm.RingSpec(num_envs=c.env_count, obs_dim=self.spec.obs_dim,
+                                                 critic_obs_dim=self.spec.critic_obs_dim,
+                                                 act_dim=self.spec.act_dim, capacity=self.ao.ring_capacity),
+                                    numel, self.device, self.ao.max_ingest_per_iter)
+                      for c in ctx.plan.collectors]
+        self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, num_updates=self.agent.num_updates_done,
+                                started_ns=time.monotonic_ns(), heartbeat_ns=time.monotonic_ns(),
+                                state=int(shm.ProcState.RUNNING))
+        cfg.run_path.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+        self.weight_version = 0
+        self.updates_owed = 0.0
+        self.updates_since_publish = 0
+        self.last_train: dict = {}
+        log(ROLE, f"{cfg.env.name}: {cfg.env.num_envs} envs in {len(self.feeds)} collector(s), device {self.device}, "
+                  f"utd_mode {self.ao.utd_mode}, env steps {self.env_steps:,}/{self.total_env_steps:,}")
+
+    # ------------------------------------------------------------------ weights
+    def publish(self, feeds=None) -> None:
+        """Broadcast: flatten + device->host ONCE, then a non-blocking seqlock write per collector."""
+        flat = self.agent.policy_flat().detach().to("cpu", torch.float32).numpy()
+        for feed in feeds if feeds is not None else self.feeds:
+            if feed.snapshot is not None:
+                feed.snapshot.publish(flat)
+        self.weight_version += 1
+        self.updates_since_publish = 0
+        self.ctl.learner["weight_version"] = self.weight_version
+
+    # ------------------------------------------------------------------ ingestion
+    def ingest(self) -> tuple[int, int]:
+        """Drain ready slots from every ring (fair share of max_ingest_per_iter); returns (slots, env steps)."""
+        budget = self.ao.max_ingest_per_iter
+        remaining = self.total_env_steps - self.env_steps  # never ingest past the run length
+        ready = [f for f in self.feeds if f.ring is not None and f.ring.available() > 0]
+        slots = transitions = 0
+        for i, feed in enumerate(ready):
+            share = max(1, budget // (len(ready) - i))
+            share = min(share, max(1, math.ceil((remaining - transitions) / feed.spec.num_envs)))
+            metas = feed.stage(share)
+            budget -= len(metas)
+            for j, (nf, version, incarnation) in enumerate(metas):
+                if feed.last_incarnation is not None and incarnation != feed.last_incarnation:
+                    # A restarted collector: the previous incarnation's newest transition has no
+                    # successor and never will; forget it instead of bootstrapping from garbage.
+                    self.buffer.drop_newest(feed.rows)
+                    log(ROLE, f"collector {feed.cid}: new incarnation {incarnation}")
+                feed.last_incarnation = incarnation
+                feed.max_lag = max(feed.max_lag, self._snapshot_version(feed) - version)
+                s = feed.slot(j, nf)
+                learner_core.ingest(self.agent, self.buffer, feed.rows, s["obs"], s["critic_obs"], s["actions"],
+                                    s["rewards"], s["terminated"], s["truncated"], s["final_idx"],
+                                    s["final_obs"], s["final_critic_obs"])
+            feed.ingested_slots += len(metas)
+            slots += len(metas)
+            transitions += len(metas) * feed.spec.num_envs
+            if budget <= 0 or transitions >= remaining:
+                break
+        return slots, transitions
+
+    @staticmethod
+    def _snapshot_version(feed: CollectorFeed) -> int:
+        return feed.snapshot.version if feed.snapshot is not None else 0
+
+    # ------------------------------------------------------------------ updates
+    def updates_to_run(self, transitions: int) -> int:
+        cfg = self.cfg
+        if cfg.algo.num_updates == 0 or self.buffer.num_sampleable() == 0:
+            return 0
+        if self.env_steps < cfg.algo.learning_starts * cfg.env.num_envs:
+            return 0
+        # strict: num_updates per env-step batch of num_envs transitions, exactly as the sync trainer.
+        self.updates_owed += cfg.algo.num_updates * transitions / cfg.env.num_envs
+        k = int(self.updates_owed)
+        self.updates_owed -= k
+        if self.ao.utd_mode == "learner_bound" and k == 0 and transitions == 0:
+            k = cfg.algo.num_updates  # no new data: keep the GPU busy on the buffer we have
+        return k
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, stop: dict) -> int:
+        cfg = self.cfg
+        num_envs = cfg.env.num_envs
+        window = EpisodeWindow()
+        episode_totals = {}
+        collector_rates = {f.cid: RateMeter(0) for f in self.feeds}
+        collector_prev = {f.cid: None for f in self.feeds}
+        ingest_rate, updates_rate = RateMeter(self.env_steps), RateMeter(self.agent.num_updates_done)
+        learn_time = 0.0
+        window_start = last_log = last_attach = last_liveness = time.perf_counter()
+        run_start, window_updates, window_batches = time.perf_counter(), 0, 0.0
+        next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
+        next_log_it = self._next_multiple(cfg.logging.interval)
+        exit_code, reason = 0, "finished"
+        while self.env_steps < self.total_env_steps:
+            if stop["signal"] is not None or self.ctl.stop_requested():
+                reason = f"stop requested ({'signal ' + str(stop['signal']) if stop['signal'] else 'launcher'})"
+                break
+            now = time.perf_counter()
+            self.ctl.learner["heartbeat_ns"] = time.monotonic_ns()
+            if now - last_liveness >= 0.5:
+                last_liveness = now
+                if not shm.job_is_alive(cfg.job_name):
+                    reason, exit_code = "the launcher is gone (its lock on the control segment was released)", 1
+                    break
+            if now - last_attach >= ATTACH_RETRY_S:
+                last_attach = now
+                fresh = [f for f in self.feeds if f.try_attach()]
+                if fresh:
+                    self.publish(fresh)  # initial weights for a collector that just appeared
+            slots, transitions = self.ingest()
+            self.env_steps += transitions
+            k = self.updates_to_run(transitions)
+            if k:
+                t0 = time.perf_counter()
+                self.last_train = self.agent.train(self.buffer, k)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                learn_time += time.perf_counter() - t0
+                self.updates_since_publish += k
+                window_updates += k
+                if self.updates_since_publish >= self.ao.weight_publish_interval:
+                    self.publish()
+            window_batches += transitions / num_envs
+            if not slots and not k:
+                time.sleep(IDLE_SLEEP_S)
+            self.ctl.learner.update(env_steps=self.env_steps, num_updates=self.agent.num_updates_done)
+            it = self.env_steps // num_envs
+            now = time.perf_counter()
+            if it >= next_log_it or now - last_log >= cfg.logging.interval_s:
+                next_log_it = self._next_multiple(cfg.logging.interval)
+                dt = max(now - window_start, 1e-9)
+                self._log(window, episode_totals, collector_rates, collector_prev, ingest_rate, updates_rate,
+                          100.0 * learn_time / dt, window_updates / max(window_batches, 1e-9), run_start)
+                learn_time, window_start, last_log, window_updates, window_batches = 0.0, now, now, 0, 0.0
+            if cfg.checkpoint.interval and it >= next_ckpt_it and self.env_steps < self.total_env_steps:
+                next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
+                learner_core.save(cfg, self.spec, self.agent, self.env_steps)
+        path = learner_core.save(cfg, self.spec, self.agent, self.env_steps)
+        log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")
+        self.ctl.learner["state"] = int(shm.ProcState.FINISHED if exit_code == 0 else shm.ProcState.FAILED)
+        return exit_code
+
+    def _next_multiple(self, interval: int) -> int:
+        it = self.env_steps // self.cfg.env.num_envs
+        return (it // interval + 1) * interval if interval else math.inf
+
+    def _log(self, window, episode_totals, collector_rates, collector_prev, ingest_rate, updates_rate,
+             learn_pct, utd, run_start) -> None:
+        cfg = self.cfg
+        scalars: dict[str, float] = {}
+        totals = [0, 0.0, 0]
+        sum_rate, stage_sums, stage_n, rows = 0.0, dict.fromkeys(STAGES, 0.0), 0, []
+        max_lag, fills = 0, []
+        for feed in self.feeds:
+            i = feed.cid
+            stats = self.ctl.read_collector_stats(i)
+            fill = feed.fill()
+            fills.append(fill)
+            max_lag = max(max_lag, feed.max_lag)
+            prefix = f"collector{i}/"
+            scalars[prefix + "ring_fill"] = fill
+            scalars[prefix + "policy_lag"] = feed.max_lag
+            self.ctl.ingest(i).update(ring_fill=feed.ring.available() if feed.ring else 0, policy_lag=feed.max_lag,
+                                      ingested_slots=feed.ingested_slots,
+                                      ingested_env_steps=feed.ingested_slots * feed.spec.num_envs)
+            rate = float("nan")
+            if stats:
+                totals[0] += stats["episodes"]
+                totals[1] += stats["return_sum"]
+                totals[2] += stats["length_sum"]
+                rate = collector_rates[i].rate(stats["steps"] * feed.spec.num_envs)
+                prev, collector_prev[i] = collector_prev[i], stats
+                if prev is not None and stats["steps"] > prev["steps"]:
+                    d = stats["steps"] - prev["steps"]
+                    for st in STAGES:
+                        ms = (stats[f"{st}_ns"] - prev[f"{st}_ns"]) / d / 1e6
+                        scalars[f"{prefix}{st}_ms"] = ms
+                        stage_sums[st] += ms
+                    stage_n += 1
+                if prev is not None:
+                    scalars[prefix + "env_steps_per_s"] = rate
+                    sum_rate += rate
+            rows.append(f"   c{i}: {fmt(rate, ',.0f')} env-steps/s | lag {feed.max_lag} | ring {fill:.0%}")
+            feed.max_lag = 0
+        window.take(*totals)
+        ups = updates_rate.rate(self.agent.num_updates_done)
+        ingest = ingest_rate.rate(self.env_steps)
+        scalars.update({"rollout/mean_return": window.mean_return, "rollout/mean_ep_len": window.mean_length,
+                        "perf/env_steps_per_s": sum_rate if sum_rate > 0 else ingest,
+                        "perf/ingest_env_steps_per_s": ingest,
+                        "perf/updates_per_s": ups, "perf/learn_pct": learn_pct,
+                        "async/policy_lag": max_lag, "async/ring_fill": float(np.mean(fills)) if fills else 0.0,
+                        "async/weight_version": self.weight_version, "async/utd": utd})
+        if stage_n:
+            for st in STAGES:
+                scalars[f"perf/collector_{st}_ms"] = stage_sums[st] / stage_n
+            scalars["perf/collect_ms_per_batch"] = sum(stage_sums[s] for s in STAGES if s != "wait") / stage_n
+        scalars.update({f"train/{k}": float(v) for k, v in self.last_train.items()})
+        self.metrics.scalars(self.env_steps, scalars)
+        self.ctl.learner.update(updates_per_s=ups, learn_pct=learn_pct, env_steps_per_s=scalars["perf/env_steps_per_s"])
+        done = self.env_steps - self.start_env_steps
+        eta = (time.perf_counter() - run_start) / done * (self.total_env_steps - self.env_steps) if done else math.inf
+        it = self.env_steps // cfg.env.num_envs
+        self.metrics.line(
+            f"[{it}/{cfg.trainer.num_iterations}] {self.env_steps:,} steps | "
+            f"{scalars['perf/env_steps_per_s']:,.0f} env-steps/s | {ups:.1f} upd/s | learn {learn_pct:.0f}% | "
+            f"lag {max_lag} | ring {scalars['async/ring_fill']:.0%} | return {fmt(window.mean_return)} | "
+            f"ETA {format_duration(eta)}")
+        if len(self.feeds) > 1:
+            for row in rows:
+                self.metrics.line(row)
+
+    def close(self) -> None:
+        self.metrics.close()
+        for feed in self.feeds:
+            feed.close()
+        self.ctl.close()

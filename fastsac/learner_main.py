@@ -1,0 +1,66 @@
+"""The learner: drains every collector's ring, trains FastSAC, broadcasts actor weights.
+
+    python -m fastsac.learner_main --config JOB.yaml [key=value ...]
+
+Started by the launcher on the GPU's NUMA node (which first creates the job's control
+segment; the learner attaches to it by job_name). It owns the agent, the replay buffer,
+TensorBoard logging and checkpoints; SIGTERM/SIGINT or the launcher's stop flag end it
+gracefully with a final checkpoint.
+
+Loop: drain up to max_ingest_per_iter slots from all rings (copy out through a reusable
+staging buffer, pinned on CUDA, one host->device copy per ring, read cursor committed
+after the copy) -> updates by utd_mode -> publish weights every weight_publish_interval
+updates (flatten + device->host once, then a non-blocking seqlock write per collector).
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from fastsac import process_setup
+from fastsac.process_setup import fail
+
+ROLE = "learner"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fastsac.learner_main",
+        description="Run the fastsac learner of a job whose control segment the launcher created "
+                    "(fastsac-launch starts it for you).")
+    process_setup.add_common_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ctx = process_setup.start(ROLE, build_parser(), argv)
+    if ctx.args.check_numa:
+        from fastsac.numa_check import run_learner_check
+        return run_learner_check(ctx)
+    process_setup.set_torch_threads(len(ctx.me.cpus))
+    from fastsac.checkpoint import CheckpointError
+    from fastsac.config import ConfigError
+    from fastsac.learner_loop import Learner
+    from fastsac.shm_layout import ShmLayoutError
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        learner = Learner(ctx)
+    except ConfigError as exc:
+        fail(ROLE, f"config error: {exc}", process_setup.EXIT_USAGE)
+    except (CheckpointError, ShmLayoutError) as exc:
+        fail(ROLE, str(exc), process_setup.EXIT_USAGE if isinstance(exc, CheckpointError) else 1)
+    try:
+        return learner.run(stop)
+    finally:
+        learner.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

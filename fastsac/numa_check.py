@@ -1,0 +1,66 @@
+"""Torch-free placement check (`fastsac-launch CONFIG --check-numa`).
+
+The launcher starts the real learner and collector processes with their real binding
+(numactl or in-process) and `--check-numa`. Each one binds, verifies its binding against
+the plan (process_setup), attaches/creates and first-touches its segments exactly as in
+training, then reports what the kernel says (effective CPUs, memory policy, and on which
+nodes the pages of its segments are, from /proc/self/numa_maps) as one JSON line and exits.
+No torch import: this runs in the slow emulated NUMA guest used by the tests.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from fastsac import shm_layout as shm
+from fastsac.binding import numa_maps_pages, read_binding
+
+REPORT_PREFIX = "NUMA-CHECK "
+
+
+def _report(ctx, extra: dict) -> int:
+    eff = read_binding()
+    me = ctx.me
+    report = {"role": me.role, "pid": os.getpid(), "planned_node": me.node, "planned_cpus": list(me.cpus),
+              "binding": me.binding, "cpus": list(eff.cpus), "mempolicy": eff.mempolicy,
+              "mem_nodes": list(eff.mem_nodes), **extra}
+    print(REPORT_PREFIX + json.dumps(report), flush=True)
+    return 0
+
+
+def run_learner_check(ctx) -> int:
+    ctl = shm.ControlBlock.attach(ctx.cfg.job_name, role="observer")
+    try:
+        return _report(ctx, {})
+    finally:
+        ctl.close()
+
+
+def run_collector_check(ctx) -> int:
+    from fastsac.algo.policy_layout import policy_flat_numel
+    from fastsac.collector_segments import open_ring, open_snapshot
+    from fastsac.envs.registry import make_env
+    cfg, me = ctx.cfg, ctx.me
+    ctl = shm.ControlBlock.attach(cfg.job_name, role="observer")
+    env = make_env(cfg.env.name, me.env_count, seed=cfg.seed, first_env_id=me.env_first,
+                   max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
+    spec = shm.RingSpec(num_envs=me.env_count, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,
+                        act_dim=env.act_dim, capacity=cfg.trainer.async_options.ring_capacity)
+    ring = open_ring(cfg.job_name, me.collector_id, spec, ctl.incarnation)
+    snap = open_snapshot(cfg.job_name, me.collector_id, policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo),
+                         ctl.incarnation)
+    try:
+        pages = {}
+        for name in (shm.ring_name(cfg.job_name, me.collector_id), shm.wts_name(cfg.job_name, me.collector_id)):
+            pages[name] = {str(k): v for k, v in numa_maps_pages(None, "/dev/shm" + name).items()}
+        return _report(ctx, {"collector_id": me.collector_id, "env_first": me.env_first,
+                             "env_count": me.env_count, "segment_pages": pages})
+    finally:
+        ring.close()
+        snap.close()
+        ctl.close()
+        env.close()
+
+
+def parse_reports(text: str) -> list[dict]:
+    return [json.loads(line[len(REPORT_PREFIX):]) for line in text.splitlines() if line.startswith(REPORT_PREFIX)]

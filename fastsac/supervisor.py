@@ -1,0 +1,249 @@
+"""The launcher's supervision of one async job (torch-free).
+
+Owns the job's control segment for the job's whole life (its lock on that segment is the
+job's liveness: children and later launches test it), starts the learner and collectors
+as separate processes (each in its own session, so a terminal's Ctrl-C reaches only the
+launcher, which then stops the job in order), restarts crashed collectors with backoff,
+escalates a stop that takes too long (SIGTERM, then SIGKILL), and always unlinks the
+job's segments at the end.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastsac import shm_layout as shm
+from fastsac.process_setup import ALLOWED_CPUS_ENV
+from fastsac.topology import format_cpulist
+
+POLL_S = 0.1
+KILL_GRACE_S = 5.0   # between the escalation's SIGTERM and SIGKILL
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def say(message: str) -> None:
+    print(f"fastsac-launch: {message}", flush=True)
+
+
+@dataclass
+class Child:
+    name: str
+    plan: object
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+    manual: bool = False
+    exit_code: int | None = None
+    history: list = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, cfg, plan, ctl: "shm.ControlBlock"):
+        self.cfg, self.plan, self.ctl = cfg, plan, ctl
+        self.ao = cfg.trainer.async_options
+        self.log_dir = cfg.run_path / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.learner = Child("learner", plan.learner, self.log_dir / "learner.log")
+        self.collectors = [Child(f"collector {c.collector_id}", c, self.log_dir / f"collector{c.collector_id}.log",
+                                 manual=c.manual) for c in plan.collectors]
+        self.signals: list[int] = []
+        self.stop_deadline: float | None = None
+        self.escalated_at: float | None = None
+        self._tail_pos = 0
+
+    # ------------------------------------------------------------------ processes
+    def spawn(self, child: Child) -> None:
+        env = dict(os.environ)
+        env.update(child.plan.env_dict)
+        env[ALLOWED_CPUS_ENV] = format_cpulist(self.plan.topology.allowed_cpus)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        with open(child.log_path, "ab") as logf:
+            logf.write(f"==== fastsac-launch: starting {child.name}: {child.plan.command}\n".encode())
+            logf.flush()
+            child.proc = subprocess.Popen(child.plan.argv, stdout=logf, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        child.exit_code = None
+        if child.plan.role == "collector":
+            self.ctl.supervisor(child.plan.collector_id).update(
+                launched_pid=child.proc.pid, launched_ns=time.monotonic_ns(), restarts=child.restarts,
+                state=int(shm.SupervisorState.LAUNCHED if child.restarts == 0 else shm.SupervisorState.RESTARTING))
+
+    def running(self) -> list[Child]:
+        return [c for c in [self.learner, *self.collectors] if c.proc is not None and c.proc.poll() is None]
+
+    def signal_all(self, sig: int) -> None:
+        for c in self.running():
+            try:
+                os.kill(c.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    # ------------------------------------------------------------------ stop handling
+    def on_signal(self, signum, frame) -> None:
+        self.signals.append(signum)
+
+    def request_stop(self, reason: str, code: "shm.StopReason") -> None:
+        if self.stop_deadline is None:
+            say(f"stopping the job: {reason}")
+            self.ctl.request_stop(code)
+            self.stop_deadline = time.monotonic() + self.ao.stop_timeout_s
+
+    def escalate(self, why: str) -> None:
+        if self.escalated_at is None:
+            say(f"{why}: sending SIGTERM to every process of the job")
+            self.escalated_at = time.monotonic()
+            self.signal_all(signal.SIGTERM)
+
+    def tail_learner_log(self) -> None:
+        """Echo the learner's progress lines on our stdout (the learner only writes its log file,
+        so it never depends on the launcher's stdout staying open)."""
+        try:
+            with open(self.learner.log_path, "rb") as f:
+                f.seek(self._tail_pos)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        if end:
+            sys.stdout.write(data[:end].decode(errors="replace"))
+            sys.stdout.flush()
+            self._tail_pos += end
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.on_signal)
+        with open(self.learner.log_path, "ab") as f:
+            self._tail_pos = f.tell()
+        self.spawn(self.learner)
+        for c in self.collectors:
+            sup = self.ctl.supervisor(c.plan.collector_id)
+            sup.update(planned_node=-1 if c.plan.node is None else c.plan.node, cpus=c.plan.cpulist[:63],
+                       state=int(shm.SupervisorState.MANUAL if c.manual else shm.SupervisorState.NOT_STARTED))
+            if c.manual:
+                say(f"{c.name} is left for you to start, by hand: {c.plan.command}")
+            else:
+                self.spawn(c)
+        try:
+            return self._supervise()
+        finally:
+            self.signal_all(signal.SIGTERM)
+            deadline = time.monotonic() + KILL_GRACE_S
+            while self.running() and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            self.signal_all(signal.SIGKILL)
+            for c in [self.learner, *self.collectors]:
+                if c.proc is not None:
+                    c.proc.wait()
+            self.tail_learner_log()
+
+    def _supervise(self) -> int:
+        result: tuple[int, str] | None = None
+        while True:
+            time.sleep(POLL_S)
+            self.tail_learner_log()
+            while self.signals:
+                sig = self.signals.pop(0)
+                if self.stop_deadline is None:
+                    self.request_stop(f"received {signal.Signals(sig).name}; waiting for the final checkpoint",
+                                      shm.StopReason.INTERRUPTED)
+                    result = result or (EXIT_OK, "stopped by signal after the final checkpoint")
+                else:
+                    self.escalate(f"second {signal.Signals(sig).name}")
+            now = time.monotonic()
+            rc = self.learner.proc.poll()
+            if rc is not None and self.learner.exit_code is None:
+                self.learner.exit_code = rc
+                if rc == 0:
+                    result = result or (EXIT_OK, "finished")
+                    self.request_stop("the learner finished", shm.StopReason.FINISHED)
+                else:
+                    code = EXIT_USAGE if rc == EXIT_USAGE else EXIT_FAILURE
+                    result = (code, f"the learner failed (exit code {rc}); see {self.learner.log_path}")
+                    self.request_stop(result[1], shm.StopReason.LEARNER_FAILED)
+            for c in self.collectors:
+                self._watch_collector(c, now)
+                if c.exit_code is not None and c.restart_at is None and self.stop_deadline is None \
+                        and c.history and c.history[-1] == "failed":
+                    result = (EXIT_FAILURE, f"{c.name} failed {c.restarts + 1} time(s) (max_restarts="
+                                            f"{self.ao.max_restarts}); see {c.log_path}")
+                    self.ctl.supervisor(c.plan.collector_id)["state"] = int(shm.SupervisorState.GAVE_UP)
+                    self.request_stop(result[1], shm.StopReason.COLLECTOR_FAILED)
+            if self.stop_deadline is not None:
+                if not self.running():
+                    code, message = result or (EXIT_OK, "stopped")
+                    (say if code == 0 else lambda m: print(f"fastsac-launch: error: {m}", file=sys.stderr))(message)
+                    return code
+                if now > self.stop_deadline:
+                    self.escalate(f"the job did not stop within stop_timeout_s={self.ao.stop_timeout_s:g}s")
+                if self.escalated_at is not None and now > self.escalated_at + KILL_GRACE_S:
+                    self.signal_all(signal.SIGKILL)
+
+    def _watch_collector(self, c: Child, now: float) -> None:
+        if c.manual:
+            return
+        if c.restart_at is not None:
+            if self.stop_deadline is None and now >= c.restart_at:
+                c.restart_at = None
+                c.restarts += 1
+                say(f"restarting {c.name} (restart {c.restarts}/{self.ao.max_restarts})")
+                self.spawn(c)
+            return
+        if c.proc is None or c.exit_code is not None:
+            return
+        rc = c.proc.poll()
+        if rc is None:
+            return
+        c.exit_code = rc
+        if self.stop_deadline is not None:
+            return
+        if rc == EXIT_USAGE or c.restarts >= self.ao.max_restarts:
+            c.history.append("failed")
+            return
+        backoff = self.ao.restart_backoff_s * (2 ** c.restarts)
+        say(f"{c.name} exited with code {rc} (see {c.log_path}); restarting in {backoff:.1f}s")
+        c.history.append("restarting")
+        c.restart_at = now + backoff
+
+
+def run_numa_check(cfg, plan, ctl: "shm.ControlBlock", timeout_s: float = 600.0) -> int:
+    """Start every process with `--check-numa` under its real binding, collect their reports.
+
+    Prints one JSON document {"plan": ..., "reports": [...]} on stdout; exit 0 when every
+    process ran (each one refuses to run on a binding that differs from the plan).
+    """
+    import json
+
+    from fastsac.numa_check import parse_reports
+    from fastsac.placement import plan_to_json
+    sup = Supervisor(cfg, plan, ctl)
+    children = [sup.learner, *[c for c in sup.collectors if not c.manual]]
+    for child in children:
+        child.plan = _with_extra_arg(child.plan, "--check-numa")
+        sup.spawn(child)
+    deadline = time.monotonic() + timeout_s
+    failed = []
+    for child in children:
+        try:
+            rc = child.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            rc = child.proc.wait()
+        if rc != 0:
+            failed.append(f"{child.name} exited with code {rc}; see {child.log_path}")
+    reports = [r for child in children for r in parse_reports(child.log_path.read_text(errors="replace"))]
+    print(json.dumps({"plan": plan_to_json(plan), "reports": reports, "failed": failed}, indent=1))
+    for message in failed:
+        print(f"fastsac-launch: error: {message}", file=sys.stderr)
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _with_extra_arg(process_plan, arg: str):
+    import dataclasses
+    return dataclasses.replace(process_plan, argv=(*process_plan.argv, arg))

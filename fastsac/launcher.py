@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the placement of every process (node, CPUs, envs, seed, device, exact command) "
                         "without starting anything")
     p.add_argument("--json", action="store_true", help="with --plan: print it as JSON")
+    p.add_argument("--status", metavar="JOB", help="show a running job's processes and progress (read-only)")
+    p.add_argument("--watch", action="store_true", help="with --status: refresh every 2 s until Ctrl-C")
+    p.add_argument("--cleanup", metavar="JOB",
+                   help="remove the shared-memory segments of a dead job (refused while it is alive)")
     p.add_argument("--check-numa", action="store_true",
                    help="torch-free placement check: start every process with its real binding, let each "
                         "create/attach and first-touch its segments, print what /proc says (JSON), exit")
@@ -60,6 +64,8 @@ def check_run_dir(cfg: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.status or args.cleanup:
+        return job_tool(args)
     try:
         if args.config is None:
             raise ConfigError("no config file given; usage: fastsac-launch CONFIG.yaml [key=value ...]")
@@ -86,6 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.trainer.asynchronous:
         return run_sync(cfg)
     return run_async(cfg, plan)
+
+
+def job_tool(args) -> int:
+    """--status / --cleanup: act on a job by name; no config needed."""
+    if args.status:
+        from fastsac.status import main as status_main
+        return status_main(args.status, args.watch)
+    from fastsac import shm_layout as shm
+    try:
+        removed = shm.unlink_job_segments(args.cleanup)
+    except shm.ShmLayoutError as exc:
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for name in removed:
+        print(f"removed {name}")
+    if not removed:
+        print(f"no segments of job {args.cleanup!r} in {shm.SHM_DIR}")
+    return EXIT_OK
 
 
 def print_plan(plan, as_json: bool) -> int:

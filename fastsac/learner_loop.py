@@ -259,18 +259,24 @@ class Learner:
             slots, transitions = self.ingest()
             self.env_steps += transitions
             k = self.updates_to_run(transitions)
-            if k:
+            updated = k > 0
+            while k > 0:
+                # Chunks of at most weight_publish_interval updates: weights go out on time and
+                # the heartbeat keeps beating through a long backlog of owed updates.
+                chunk = min(k, self.ao.weight_publish_interval - self.updates_since_publish)
                 t0 = time.perf_counter()
-                self.last_train = self.agent.train(self.buffer, k)
+                self.last_train = self.agent.train(self.buffer, chunk)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 learn_time += time.perf_counter() - t0
-                self.updates_since_publish += k
-                window_updates += k
+                k -= chunk
+                self.updates_since_publish += chunk
+                window_updates += chunk
                 if self.updates_since_publish >= self.ao.weight_publish_interval:
                     self.publish()
+                self.ctl.learner["heartbeat_ns"] = time.monotonic_ns()
             window_batches += transitions / num_envs
-            if not slots and not k:
+            if not slots and not updated:
                 time.sleep(IDLE_SLEEP_S)
             self.ctl.learner.update(env_steps=self.env_steps, num_updates=self.agent.num_updates_done)
             it = self.env_steps // num_envs

@@ -199,6 +199,10 @@ class Supervisor:
             return
         rc = c.proc.poll()
         if rc is None:
+            sup = self.ctl.supervisor(c.plan.collector_id)
+            if sup["state"] != shm.SupervisorState.RUNNING and \
+                    self.ctl.collector(c.plan.collector_id)["pid"] == c.proc.pid:
+                sup["state"] = int(shm.SupervisorState.RUNNING)  # it attached and registered
             return
         c.exit_code = rc
         if self.stop_deadline is not None:
@@ -206,6 +210,7 @@ class Supervisor:
         if rc == EXIT_USAGE or c.restarts >= self.ao.max_restarts:
             c.history.append("failed")
             return
+        self.ctl.supervisor(c.plan.collector_id)["state"] = int(shm.SupervisorState.RESTARTING)
         backoff = self.ao.restart_backoff_s * (2 ** c.restarts)
         say(f"{c.name} exited with code {rc} (see {c.log_path}); restarting in {backoff:.1f}s")
         c.history.append("restarting")

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if ctx.args.check_numa:
         from fastsac.numa_check import run_collector_check
         return run_collector_check(ctx)
-    process_setup.set_torch_threads(len(ctx.me.cpus))
+    process_setup.set_torch_threads(process_setup.torch_threads(ctx))
     from fastsac.collector_loop import Collector
     from fastsac.shm_layout import ShmLayoutError
     try:

@@ -213,7 +213,7 @@ class Learner:
     # ------------------------------------------------------------------ updates
     def updates_to_run(self, transitions: int) -> int:
         cfg = self.cfg
-        if cfg.algo.num_updates == 0 or self.buffer.num_sampleable() == 0:
+        if cfg.algo.num_updates == 0 or not self.buffer.ready():
             return 0
         if self.env_steps < cfg.algo.learning_starts * cfg.env.num_envs:
             return 0
@@ -260,6 +260,11 @@ class Learner:
             self.env_steps += transitions
             k = self.updates_to_run(transitions)
             updated = k > 0
+            if cfg.algo.num_updates == 0 and slots:
+                # Collect-only runs still exercise the broadcast: one "update" per ingested slot.
+                self.updates_since_publish += slots
+                if self.updates_since_publish >= self.ao.weight_publish_interval:
+                    self.publish()
             while k > 0:
                 # Chunks of at most weight_publish_interval updates: weights go out on time and
                 # the heartbeat keeps beating through a long backlog of owed updates.

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if ctx.args.check_numa:
         from fastsac.numa_check import run_learner_check
         return run_learner_check(ctx)
-    process_setup.set_torch_threads(len(ctx.me.cpus))
+    process_setup.set_torch_threads(process_setup.torch_threads(ctx))
     from fastsac.checkpoint import CheckpointError
     from fastsac.config import ConfigError
     from fastsac.learner_loop import Learner

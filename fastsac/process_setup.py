@@ -93,10 +93,19 @@ def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) ->
     return ProcessContext(args=args, cfg=cfg, plan=plan, me=me, effective=effective)
 
 
-def set_torch_threads(num_cpus: int) -> None:
+def torch_threads(ctx: ProcessContext) -> int:
+    """CPUs this process owns. With binding off every process may use every CPU, so they
+    are shared out evenly among the job's processes instead of each taking all of them."""
+    if ctx.me.binding != "off":
+        return len(ctx.me.cpus)
+    return max(1, len(ctx.me.cpus) // (1 + len(ctx.plan.collectors)))
+
+
+def set_torch_threads(num_threads: int) -> None:
     """torch intra-op threads = the CPUs this process owns (oversubscription halves throughput)."""
     import torch
-    torch.set_num_threads(max(1, num_cpus))
+    torch.set_flush_denormal(True)  # subnormal floats once made early updates 15x slower on CPU
+    torch.set_num_threads(max(1, num_threads))
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set (only allowed once, before any parallel work)

@@ -2,7 +2,8 @@
 
 Built-in tasks are registered in BUILTIN_ENVS (module path + class name, imported on
 demand so optional dependencies such as mujoco are only needed when used).
-`gymnasium:<id>` wraps any Gymnasium env id.
+`gymnasium:<id>` wraps any Gymnasium env id; `package.module:ClassName` builds your own VecEnv
+subclass (same constructor arguments as the built-ins), importable in every process.
 """
 from __future__ import annotations
 
@@ -31,8 +32,17 @@ class EnvSpec:
     max_episode_steps: int
 
 
+def _is_custom(name: str) -> bool:
+    return ":" in name and not name.startswith(GYMNASIUM_PREFIX)
+
+
 def check_env_name(name: str) -> None:
-    """Raise ConfigError for a name that is neither built in nor gymnasium:<id>."""
+    """Raise ConfigError for a name that is neither built in, gymnasium:<id>, nor module:Class."""
+    if _is_custom(name):
+        module, _, cls = name.partition(":")
+        if not module or not cls.isidentifier():
+            raise ConfigError(f"env.name: {name!r} is not a valid custom env; expected package.module:ClassName")
+        return
     if name.startswith(GYMNASIUM_PREFIX):
         if not name[len(GYMNASIUM_PREFIX):]:
             raise ConfigError(f"env.name: {name!r} names no Gymnasium id; expected gymnasium:<id>, e.g. gymnasium:Pendulum-v1")
@@ -41,7 +51,8 @@ def check_env_name(name: str) -> None:
         close = difflib.get_close_matches(name, list(BUILTIN_ENVS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"env.name: {name!r} is not a known env{hint} "
-                          f"(built in: {', '.join(sorted(BUILTIN_ENVS))}; or gymnasium:<id>)")
+                          f"(built in: {', '.join(sorted(BUILTIN_ENVS))}; or gymnasium:<id>; "
+                          "or package.module:ClassName for your own VecEnv)")
 
 
 def _env_class(name: str):
@@ -49,8 +60,13 @@ def _env_class(name: str):
     if name.startswith(GYMNASIUM_PREFIX):
         from fastsac.envs.gymnasium_adapter import GymnasiumVecEnv
         return GymnasiumVecEnv
-    module, cls = BUILTIN_ENVS[name]
-    return getattr(importlib.import_module(module), cls)
+    module, cls = name.partition(":")[::2] if _is_custom(name) else BUILTIN_ENVS[name]
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as exc:
+        if not _is_custom(name):
+            raise
+        raise ConfigError(f"env.name: cannot import {name!r}: {exc}") from None
 
 
 def make_env(name: str, num_envs: int, seed: int, first_env_id: int = 0,

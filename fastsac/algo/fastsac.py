@@ -1,0 +1,279 @@
+"""FastSAC: SAC with distributional (C51) twin critics, LayerNorm/SiLU nets and large-batch updates.
+
+One `update` is one gradient step, readable top to bottom:
+
+  critic  for each of the two Q-nets separately, the target distribution is the target
+          net's distribution at (s', a' ~ pi(s')) shifted by the soft value,
+              z_j  ->  r + discount * bootstrap * (z_j - alpha * log pi(a'|s')),
+          projected back onto the fixed support; loss = cross-entropy (sum over both nets).
+          Target nets follow by Polyak averaging (tau) after every critic step.
+  actor   every `policy_frequency` critic steps (a persistent counter, so the ratio is
+          exact across calls and checkpoints): minimize alpha * log pi(a|s) - mean(Q1, Q2),
+          where Q is the expected value of each distribution.
+  alpha   in the same step: minimize -alpha * (log pi(a|s) + target_entropy).
+
+`rewards`, `discount` and `bootstrap` come from the replay buffer's n-step windows
+(discount = gamma^k for the actual window length, bootstrap = 0 after a termination).
+Observations are stored raw and normalized here with the current running statistics.
+Log-probs and the critic's action input live in the unit box, see networks.py.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
+from fastsac.algo.normalizer import RunningNormalizer
+from fastsac.config import AlgoConfig
+
+STATE_DICT_VERSION = 1
+
+
+def _fallback_compile(fn: Callable, name: str) -> Callable:
+    """torch.compile(fn), falling back to eager (with a warning) if the first call fails.
+
+    Compilation needs a working Triton/C++ toolchain on the GPU host; a missing one should
+    cost speed, not the run. Errors after the first successful call are real and propagate.
+    """
+    compiled = torch.compile(fn)
+    state = {"fn": None}
+
+    def call(*args, **kwargs):
+        if state["fn"] is not None:
+            return state["fn"](*args, **kwargs)
+        try:
+            out = compiled(*args, **kwargs)
+            state["fn"] = compiled
+        except Exception as exc:  # noqa: BLE001 - any compiler failure -> eager
+            warnings.warn(f"fastsac: torch.compile of {name} failed ({type(exc).__name__}: {exc}); running eager")
+            state["fn"] = fn
+            out = fn(*args, **kwargs)
+        return out
+
+    return call
+
+
+class FastSAC:
+    def __init__(self, obs_dim: int, critic_obs_dim: int, act_dim: int, action_low: np.ndarray,
+                 action_high: np.ndarray, cfg: AlgoConfig, device: torch.device):
+        self.cfg, self.device = cfg, torch.device(device)
+        self.obs_dim, self.critic_obs_dim, self.act_dim = obs_dim, critic_obs_dim, act_dim
+        # critic_obs_dim == 0: the critic sees the actor's observation (normalized by its own
+        # normalizer, which then tracks the same data as the actor's)
+        self.has_critic_obs = critic_obs_dim > 0
+        critic_in = critic_obs_dim if self.has_critic_obs else obs_dim
+        dev = self.device
+
+        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden_dim, cfg.actor_num_layers,
+                           cfg.log_std_min, cfg.log_std_max, action_low, action_high).to(dev)
+        self.critic = TwinDistributionalCritic(critic_in, act_dim, cfg.critic_hidden_dim, cfg.critic_num_layers,
+                                               cfg.num_atoms, cfg.v_min, cfg.v_max).to(dev)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self._actor_params = list(self.actor.parameters())
+        self._critic_params = list(self.critic.parameters())
+        self._target_params = list(self.critic_target.parameters())
+        self.obs_normalizer = RunningNormalizer(obs_dim, enabled=cfg.obs_normalization).to(dev)
+        self.critic_obs_normalizer = RunningNormalizer(critic_in, enabled=cfg.obs_normalization).to(dev)
+
+        self.log_alpha = torch.tensor(math.log(cfg.alpha_init), device=dev, requires_grad=True)
+        self.target_entropy = -act_dim * cfg.target_entropy_ratio
+
+        on_cuda = dev.type == "cuda"
+        if not on_cuda:
+            # Subnormal floats (e.g. Adam's second moments of tiny early gradients) run ~100x
+            # slower on x86 CPUs: measured 150 ms instead of 10 ms per update for the first
+            # hundred updates of the quickstart nets. Flushing them to zero costs nothing in
+            # accuracy. Note: process-wide setting of the calling thread.
+            torch.set_flush_denormal(True)
+        betas = (cfg.adam_beta1, cfg.adam_beta2)
+        fused = True if on_cuda else None          # one kernel per step instead of one per tensor
+        self.actor_optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor_lr, betas=betas,
+                                                 weight_decay=cfg.weight_decay, fused=fused)
+        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, betas=betas,
+                                                  weight_decay=cfg.weight_decay, fused=fused)
+        # No weight decay on log_alpha: decoupled decay would pull log_alpha towards 0, i.e.
+        # alpha towards 1, a bias unrelated to the entropy target. (One scalar: no fused kernel.)
+        self.alpha_optimizer = torch.optim.AdamW([self.log_alpha], lr=cfg.alpha_lr, betas=betas, weight_decay=0.0)
+        self._optimizers = {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer,
+                            "alpha_optimizer": self.alpha_optimizer}
+
+        # bf16 autocast and torch.compile only pay off (and are only tested) on CUDA
+        self.amp = bool(cfg.amp and on_cuda)
+        self.compiled = bool(cfg.compile and on_cuda)
+        self._critic_loss = _fallback_compile(self._critic_loss_eager, "critic loss") if self.compiled \
+            else self._critic_loss_eager
+        self._actor_loss = _fallback_compile(self._actor_loss_eager, "actor loss") if self.compiled \
+            else self._actor_loss_eager
+
+        self._num_updates = 0
+        zero = torch.zeros((), device=dev)
+        # actor-side metrics of the latest actor step, reported by every update
+        self._actor_metrics: dict[str, Tensor] = {"actor_loss": zero, "policy_entropy": zero.clone()}
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def num_updates_done(self) -> int:
+        """Critic updates done so far (persistent across calls and checkpoints)."""
+        return self._num_updates
+
+    @property
+    def alpha(self) -> Tensor:
+        return self.log_alpha.detach().exp()
+
+    def _autocast(self):
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.amp)
+
+    def _critic_input(self, obs: Tensor, critic_obs: Tensor | None) -> Tensor:
+        return self.critic_obs_normalizer(critic_obs if self.has_critic_obs else obs)
+
+    # ------------------------------------------------------------------ acting
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
+        """Env-scaled actions for raw observations [N, obs_dim]; normalizer stats are read-only."""
+        unit_action, _ = self.actor.sample(self.obs_normalizer(obs.to(self.device)), deterministic)
+        return self.actor.to_env(unit_action)
+
+    @torch.no_grad()
+    def update_normalizers(self, obs: Tensor, critic_obs: Tensor | None) -> None:
+        """Fold a batch of new raw observations into the running statistics (learner only)."""
+        self.obs_normalizer.update(obs)
+        self.critic_obs_normalizer.update(critic_obs if self.has_critic_obs else obs)
+
+    # ------------------------------------------------------------------ losses
+    def _critic_loss_eager(self, obs: Tensor, critic_obs: Tensor | None, actions: Tensor, rewards: Tensor,
+                           next_obs: Tensor, next_critic_obs: Tensor | None, bootstrap: Tensor,
+                           discount: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
+        support = self.critic.support
+        with torch.no_grad(), self._autocast():
+            next_action, next_log_prob = self.actor.sample(self.obs_normalizer(next_obs))
+            target_logits = self.critic_target(self._critic_input(next_obs, next_critic_obs), next_action)
+            target_probs = torch.softmax(target_logits.float(), dim=-1)                 # [2, B, N]
+            # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
+            soft_next = support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)     # [B, N]
+            target_atoms = rewards.unsqueeze(1) + (discount * bootstrap).unsqueeze(1) * soft_next
+            target = categorical_projection(target_atoms, target_probs,
+                                            self.cfg.v_min, self.cfg.v_max)              # [2, B, N]
+        with self._autocast():
+            logits = self.critic(self._critic_input(obs, critic_obs), self.actor.to_unit(actions))
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        # each net learns its own target distribution; losses add up over the two nets
+        qf_loss = -(target * log_probs).sum(-1).mean(-1).sum()
+        q_value = (log_probs.detach().exp() * support).sum(-1).mean()
+        return qf_loss, q_value
+
+    def _actor_loss_eager(self, obs: Tensor, critic_obs: Tensor | None, alpha: Tensor) -> tuple[Tensor, Tensor]:
+        with self._autocast():
+            action, log_prob = self.actor.sample(self.obs_normalizer(obs))
+            logits = self.critic(self._critic_input(obs, critic_obs), action)
+        q = self.critic.q_values(logits).mean(0)          # mean of the two nets' expected values
+        actor_loss = (alpha * log_prob - q).mean()
+        return actor_loss, log_prob
+
+    # ------------------------------------------------------------------ one gradient step
+    def update(self, batch: dict) -> dict[str, Tensor]:
+        """One critic step (+ actor and alpha every policy_frequency-th call). Detached scalar
+        tensors, no .item(): the caller decides when to sync."""
+        cfg = self.cfg
+        alpha = self.alpha
+
+        qf_loss, q_value = self._critic_loss(batch["obs"], batch.get("critic_obs"), batch["actions"],
+                                             batch["rewards"], batch["next_obs"], batch.get("next_critic_obs"),
+                                             batch["bootstrap"], batch["discount"], alpha)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        qf_loss.backward()
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self._critic_params, cfg.max_grad_norm)
+        self.critic_optimizer.step()
+        with torch.no_grad():
+            # Polyak averaging: target <- target + tau * (online - target)
+            torch._foreach_lerp_(self._target_params, self._critic_params, cfg.tau)
+        self._num_updates += 1
+
+        if self._num_updates % cfg.policy_frequency == 0:
+            actor_loss, log_prob = self._actor_loss(batch["obs"], batch.get("critic_obs"), alpha)
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            # inputs=actor params: the critic's weight gradients are neither needed nor computed
+            actor_loss.backward(inputs=self._actor_params)
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self._actor_params, cfg.max_grad_norm)
+            self.actor_optimizer.step()
+            log_prob = log_prob.detach()
+            if cfg.autotune_alpha:
+                alpha_loss = -(self.log_alpha.exp() * (log_prob + self.target_entropy)).mean()
+                self.alpha_optimizer.zero_grad(set_to_none=True)
+                alpha_loss.backward()
+                self.alpha_optimizer.step()
+            self._actor_metrics = {"actor_loss": actor_loss.detach(), "policy_entropy": -log_prob.mean()}
+
+        return {"qf_loss": qf_loss.detach(), "q_value": q_value, **self._actor_metrics, "alpha": self.alpha}
+
+    def train(self, buffer, num_updates: int) -> dict[str, Tensor]:
+        """num_updates x (sample cfg.batch_size transitions, update). Returns the mean critic
+        loss / Q-value over these updates and the latest actor-side metrics; {} for 0 updates."""
+        if num_updates <= 0:
+            return {}
+        qf_losses, q_values = [], []
+        for _ in range(num_updates):
+            metrics = self.update(buffer.sample(self.cfg.batch_size))
+            qf_losses.append(metrics["qf_loss"])
+            q_values.append(metrics["q_value"])
+        metrics["qf_loss"] = torch.stack(qf_losses).mean()
+        metrics["q_value"] = torch.stack(q_values).mean()
+        return metrics
+
+    # ------------------------------------------------------------------ publishing
+    @torch.no_grad()
+    def policy_flat(self) -> Tensor:
+        """1-D float32 on the agent device: actor parameters then obs-normalizer mean and var
+        (layout: fastsac.algo.policy_layout; loaded by fastsac.algo.policy.InferencePolicy)."""
+        parts = [p.detach().reshape(-1).float() for p in self.actor.parameters()]
+        parts += [self.obs_normalizer.mean, self.obs_normalizer.var]
+        return torch.cat(parts)
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume bit-for-bit (except RNG state): plain tensors and Python
+        values, loadable with torch.load(weights_only=True). Tensors are references to live
+        state (like nn.Module.state_dict): torch.save them, or clone, before training on."""
+        return {
+            "version": STATE_DICT_VERSION,
+            "dims": {"obs_dim": self.obs_dim, "critic_obs_dim": self.critic_obs_dim, "act_dim": self.act_dim},
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "obs_normalizer": self.obs_normalizer.state_dict(),
+            "critic_obs_normalizer": self.critic_obs_normalizer.state_dict(),
+            "log_alpha": self.log_alpha.detach(),
+            **{name: opt.state_dict() for name, opt in self._optimizers.items()},
+            "num_updates_done": self._num_updates,
+            "actor_metrics": dict(self._actor_metrics),
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if d.get("version") != STATE_DICT_VERSION:
+            raise ValueError(f"FastSAC state dict version {d.get('version')!r} is not {STATE_DICT_VERSION}")
+        mine = {"obs_dim": self.obs_dim, "critic_obs_dim": self.critic_obs_dim, "act_dim": self.act_dim}
+        if d["dims"] != mine:
+            raise ValueError(f"FastSAC state dict is for dims {d['dims']}, this agent has {mine}")
+        self.actor.load_state_dict(d["actor"])
+        self.critic.load_state_dict(d["critic"])
+        self.critic_target.load_state_dict(d["critic_target"])
+        self.obs_normalizer.load_state_dict(d["obs_normalizer"])
+        self.critic_obs_normalizer.load_state_dict(d["critic_obs_normalizer"])
+        with torch.no_grad():
+            self.log_alpha.copy_(d["log_alpha"])          # in place: the alpha optimizer holds this tensor
+        for name, opt in self._optimizers.items():
+            # keep this machine's kernel choice (fused on CUDA), not the one the checkpoint was saved with
+            impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in opt.param_groups]
+            opt.load_state_dict(d[name])
+            for g, kept in zip(opt.param_groups, impl):
+                g.update(kept)
+        self._num_updates = int(d["num_updates_done"])
+        self._actor_metrics = {k: v.to(self.device) for k, v in d.get("actor_metrics", {}).items()} \
+            or self._actor_metrics

@@ -63,7 +63,7 @@ def check_run_dir(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     if args.status or args.cleanup:
         return job_tool(args)
     try:

@@ -68,7 +68,7 @@ def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) ->
         binding.bind_from_argv(argv)  # before anything heavy; no-op without --bind-node
     except binding.BindingError as exc:
         fail(role, f"binding failed: {exc}")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
         from fastsac.placement import plan_job

@@ -4,7 +4,8 @@ The launcher starts the real learner and collector processes with their real bin
 (numactl or in-process) and `--check-numa`. Each one binds, verifies its binding against
 the plan (process_setup), attaches/creates and first-touches its segments exactly as in
 training, then reports what the kernel says (effective CPUs, memory policy, and on which
-nodes the pages of its segments are, from /proc/self/numa_maps) as one JSON line and exits.
+nodes the pages of its segments are, from /proc/self/numa_maps, with each segment's size so
+a check can tell that every page was placed) as one JSON line and exits.
 No torch import: this runs in the slow emulated NUMA guest used by the tests.
 """
 from __future__ import annotations
@@ -50,11 +51,13 @@ def run_collector_check(ctx) -> int:
     snap = open_snapshot(cfg.job_name, me.collector_id, policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo),
                          ctl.incarnation)
     try:
-        pages = {}
+        pages, sizes = {}, {}
         for name in (shm.ring_name(cfg.job_name, me.collector_id), shm.wts_name(cfg.job_name, me.collector_id)):
             pages[name] = {str(k): v for k, v in numa_maps_pages(None, "/dev/shm" + name).items()}
+            sizes[name] = os.stat("/dev/shm" + name).st_size   # lets a check prove *every* page was placed
         return _report(ctx, {"collector_id": me.collector_id, "env_first": me.env_first,
-                             "env_count": me.env_count, "segment_pages": pages})
+                             "env_count": me.env_count, "segment_pages": pages, "segment_bytes": sizes,
+                             "page_size": os.sysconf("SC_PAGE_SIZE")})
     finally:
         ring.close()
         snap.close()

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="with --status: refresh every 2 s until Ctrl-C")
     p.add_argument("--cleanup", metavar="JOB",
                    help="remove the shared-memory segments of a dead job (refused while it is alive)")
+    p.add_argument("--force", action="store_true",
+                   help="with --cleanup: also while orphaned learner/collector processes of the dead job are "
+                        "still attached (they keep their own mapping and exit on their own)")
     p.add_argument("--check-numa", action="store_true",
                    help="torch-free placement check: start every process with its real binding, let each "
                         "create/attach and first-touch its segments, print what /proc says (JSON), exit")
@@ -101,7 +104,7 @@ def job_tool(args) -> int:
         return status_main(args.status, args.watch)
     from fastsac import shm_layout as shm
     try:
-        removed = shm.unlink_job_segments(args.cleanup)
+        removed = shm.unlink_job_segments(args.cleanup, force=args.force)
     except shm.ShmLayoutError as exc:
         print(f"fastsac-launch: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -152,11 +152,16 @@ class Learner:
                                                  act_dim=self.spec.act_dim, capacity=self.ao.ring_capacity),
                                     numel, self.device, self.ao.max_ingest_per_iter)
                       for c in ctx.plan.collectors]
+        cfg.run_path.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+        # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
         self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, num_updates=self.agent.num_updates_done,
                                 started_ns=time.monotonic_ns(), heartbeat_ns=time.monotonic_ns(),
                                 state=int(shm.ProcState.RUNNING))
-        cfg.run_path.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+        # torch.compile runs inside the first critic and first actor update (CUDA, algo.compile) and can
+        # take longer than heartbeat_timeout_s: the learner reports STARTING until they are done, so
+        # neither the collectors nor the launcher mistake the compilation for a hang.
+        self.compile_updates_left = cfg.algo.policy_frequency if getattr(self.agent, "compiled", False) else 0
         self.weight_version = 0
         self.updates_owed = 0.0
         self.updates_since_publish = 0
@@ -269,11 +274,21 @@ class Learner:
                 # Chunks of at most weight_publish_interval updates: weights go out on time and
                 # the heartbeat keeps beating through a long backlog of owed updates.
                 chunk = min(k, self.ao.weight_publish_interval - self.updates_since_publish)
+                if self.compile_updates_left > 0 and self.ctl.learner["state"] == shm.ProcState.RUNNING:
+                    log(ROLE, "compiling the update (torch.compile): state STARTING, no heartbeat until done")
+                    self.ctl.learner["state"] = int(shm.ProcState.STARTING)
+                    self.compile_t0 = time.perf_counter()
                 t0 = time.perf_counter()
                 self.last_train = self.agent.train(self.buffer, chunk)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 learn_time += time.perf_counter() - t0
+                if self.compile_updates_left > 0:
+                    self.compile_updates_left -= chunk
+                    if self.compile_updates_left <= 0:
+                        log(ROLE, f"update compiled in {time.perf_counter() - self.compile_t0:.1f}s")
+                        self.ctl.learner["heartbeat_ns"] = time.monotonic_ns()  # fresh beat before RUNNING
+                        self.ctl.learner["state"] = int(shm.ProcState.RUNNING)
                 k -= chunk
                 self.updates_since_publish += chunk
                 window_updates += chunk
@@ -295,6 +310,7 @@ class Learner:
             if cfg.checkpoint.interval and it >= next_ckpt_it and self.env_steps < self.total_env_steps:
                 next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
                 learner_core.save(cfg, self.spec, self.agent, self.env_steps)
+        self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
         path = learner_core.save(cfg, self.spec, self.agent, self.env_steps)
         log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")
         self.ctl.learner["state"] = int(shm.ProcState.FINISHED if exit_code == 0 else shm.ProcState.FAILED)

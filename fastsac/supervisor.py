@@ -41,6 +41,7 @@ class Child:
     manual: bool = False
     exit_code: int | None = None
     history: list = field(default_factory=list)
+    hung_killed: bool = False   # we SIGKILLed this incarnation for a stale heartbeat
 
 
 class Supervisor:
@@ -69,6 +70,7 @@ class Supervisor:
             child.proc = subprocess.Popen(child.plan.argv, stdout=logf, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         child.exit_code = None
+        child.hung_killed = False
         if child.plan.role == "collector":
             self.ctl.supervisor(child.plan.collector_id).update(
                 launched_pid=child.proc.pid, launched_ns=time.monotonic_ns(), restarts=child.restarts,
@@ -157,6 +159,11 @@ class Supervisor:
                 else:
                     self.escalate(f"second {signal.Signals(sig).name}")
             now = time.monotonic()
+            if self.stop_deadline is None and self.ctl.learner["state"] == shm.ProcState.RUNNING \
+                    and self.ctl.learner["pid"] == self.learner.proc.pid and self.learner.proc.poll() is None:
+                # Before the collectors are looked at: the ones that gave up on the hung learner
+                # themselves then exit into a stopping job instead of being restarted.
+                self._kill_if_hung(self.learner, self.ctl.learner_heartbeat_age_s())
             rc = self.learner.proc.poll()
             if rc is not None and self.learner.exit_code is None:
                 self.learner.exit_code = rc
@@ -165,7 +172,9 @@ class Supervisor:
                     self.request_stop("the learner finished", shm.StopReason.FINISHED)
                 else:
                     code = EXIT_USAGE if rc == EXIT_USAGE else EXIT_FAILURE
-                    result = (code, f"the learner failed (exit code {rc}); see {self.learner.log_path}")
+                    hung = f"; killed as hung: no heartbeat for over heartbeat_timeout_s=" \
+                           f"{self.ao.heartbeat_timeout_s:g}s" if self.learner.hung_killed else ""
+                    result = (code, f"the learner failed (exit code {rc}{hung}); see {self.learner.log_path}")
                     self.request_stop(result[1], shm.StopReason.LEARNER_FAILED)
             for c in self.collectors:
                 self._watch_collector(c, now)
@@ -185,6 +194,20 @@ class Supervisor:
                 if self.escalated_at is not None and now > self.escalated_at + KILL_GRACE_S:
                     self.signal_all(signal.SIGKILL)
 
+    def _kill_if_hung(self, child: Child, age: float | None) -> None:
+        """A running process whose heartbeat is older than heartbeat_timeout_s is hung (stopped, deadlocked):
+        SIGKILL it, so it is handled like a crash (a collector is restarted, a failed learner stops the job)."""
+        if child.hung_killed or age is None or age <= self.ao.heartbeat_timeout_s:
+            return
+        say(f"{child.name} (pid {child.proc.pid}) is hung: no heartbeat for {age:.1f}s (heartbeat_timeout_s="
+            f"{self.ao.heartbeat_timeout_s:g}); killing it (see {child.log_path})")
+        child.hung_killed = True
+        child.proc.kill()
+        try:
+            child.proc.wait(KILL_GRACE_S)  # SIGKILL works even on a stopped process; reap it now
+        except subprocess.TimeoutExpired:
+            pass
+
     def _watch_collector(self, c: Child, now: float) -> None:
         if c.manual:
             return
@@ -200,9 +223,12 @@ class Supervisor:
         rc = c.proc.poll()
         if rc is None:
             sup = self.ctl.supervisor(c.plan.collector_id)
-            if sup["state"] != shm.SupervisorState.RUNNING and \
-                    self.ctl.collector(c.plan.collector_id)["pid"] == c.proc.pid:
-                sup["state"] = int(shm.SupervisorState.RUNNING)  # it attached and registered
+            rec = self.ctl.collector(c.plan.collector_id)
+            if rec["pid"] == c.proc.pid:
+                if sup["state"] != shm.SupervisorState.RUNNING:
+                    sup["state"] = int(shm.SupervisorState.RUNNING)  # it attached and registered
+                if self.stop_deadline is None and rec["state"] == shm.ProcState.RUNNING:
+                    self._kill_if_hung(c, self.ctl.heartbeat_ages_s()[c.plan.collector_id])
             return
         c.exit_code = rc
         if self.stop_deadline is not None:

@@ -44,9 +44,15 @@ def save_checkpoint(run_path: Path, payload: dict, keep: int) -> Path:
 
     directory = checkpoint_dir(run_path)
     directory.mkdir(parents=True, exist_ok=True)
+    # A process killed mid-save leaves its temp file (named after its pid) behind: remove those
+    # of dead writers, never one that a live process may still be writing.
+    for leftover in directory.glob(".tmp_ckpt_*"):
+        pid = leftover.name.split("_")[2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            leftover.unlink(missing_ok=True)
     payload = dict(payload, format=FORMAT, format_version=FORMAT_VERSION, saved_at=time.time())
     final = directory / checkpoint_name(int(payload["env_steps"]))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_ckpt_", suffix=".pt", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp_ckpt_{os.getpid()}_", suffix=".pt", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
@@ -67,6 +73,16 @@ def save_checkpoint(run_path: Path, payload: dict, keep: int) -> Path:
     for old in sorted(directory.glob(CKPT_GLOB))[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def load_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:

@@ -10,24 +10,13 @@ from fastsac import shm_layout as shm
 from fastsac.algo.policy import InferencePolicy
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.collector_main import LIVENESS_INTERVAL_S, STATS_INTERVAL_S, StageTimer
-from fastsac.collector_segments import open_ring, open_snapshot
 from fastsac.envs.registry import make_env
 from fastsac.episodes import EpisodeTracker
-from fastsac.process_setup import fail, log
+from fastsac.process_setup import fail, log, resolve_device
 
 
 class CollectorError(RuntimeError):
     pass
-
-
-def resolve_inference_device(name: str):
-    import torch
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CollectorError(f"trainer.async_options.collector_inference_device: {name!r} was requested but CUDA "
-                             f"is not available in this process; use cpu or auto")
-    return torch.device(name)
 
 
 class Collector:
@@ -45,11 +34,14 @@ class Collector:
         spec = shm.RingSpec(num_envs=self.n, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,
                             act_dim=env.act_dim, capacity=self.ao.ring_capacity)
         job_incarnation = self.ctl.incarnation
-        self.ring = open_ring(cfg.job_name, self.cid, spec, job_incarnation)
+        # Created here, under this process's binding, the pages land on our node; a restart
+        # re-attaches instead and unread slots survive.
+        self.ring = shm.TransitionRing.create_or_attach(cfg.job_name, self.cid, spec, job_incarnation)
         numel = policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo)
-        self.snapshot = open_snapshot(cfg.job_name, self.cid, numel, job_incarnation)
+        self.snapshot = shm.WeightSnapshot.create_or_attach(cfg.job_name, self.cid, numel, job_incarnation)
         self.flat = np.zeros(numel, np.float32)
-        self.device = resolve_inference_device(self.ao.collector_inference_device)
+        self.device = resolve_device(self.ao.collector_inference_device,
+                                     "trainer.async_options.collector_inference_device")
         self.policy = InferencePolicy(env.obs_dim, env.act_dim, env.action_low, env.action_high, cfg.algo, self.device)
         # A new incarnation per (re)start: the learner sees the change in the slot headers and drops
         # the dangling last transition of the previous incarnation (it has no successor).

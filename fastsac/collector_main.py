@@ -20,12 +20,11 @@ Loop (never waits for the learner except through its own full ring):
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 
 from fastsac import process_setup
-from fastsac.process_setup import fail, log
+from fastsac.process_setup import fail
 
 ROLE = "collector"
 STATS_INTERVAL_S = 0.25      # how often the stats record in the control block is refreshed
@@ -66,18 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         return run_collector_check(ctx)
     process_setup.set_torch_threads(process_setup.torch_threads(ctx))
     from fastsac.collector_loop import Collector
+    from fastsac.config import ConfigError
     from fastsac.shm_layout import ShmLayoutError
+    stop = process_setup.install_stop_handlers()
     try:
         collector = Collector(ctx, role)
+    except ConfigError as exc:
+        fail(role, f"config error: {exc}", process_setup.EXIT_USAGE)
     except ShmLayoutError as exc:
         fail(role, str(exc))
-    stop = {"signal": None}
-
-    def on_signal(signum, frame):
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
         return collector.run(stop)
     finally:

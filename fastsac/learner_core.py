@@ -15,17 +15,8 @@ from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.replay_buffer import ReplayBuffer
 from fastsac.checkpoint import (CheckpointError, check_compatible, load_checkpoint,
                                 resolve_resume, save_checkpoint)
-from fastsac.config import Config, ConfigError, config_to_dict
+from fastsac.config import Config, config_to_dict
 from fastsac.envs.registry import EnvSpec
-
-
-def resolve_device(name: str, key: str = "device") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"{key}: {name!r} was requested but CUDA is not available "
-                          f"(torch {torch.__version__}); use cpu or auto")
-    return torch.device(name)
 
 
 def build_agent(cfg: Config, spec: EnvSpec, action_low: np.ndarray, action_high: np.ndarray,

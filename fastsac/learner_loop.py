@@ -15,12 +15,11 @@ import torch
 from fastsac import learner_core
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
-from fastsac.collector_segments import segment_exists
 from fastsac.collector_main import STAGES
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.episodes import EpisodeWindow
 from fastsac.metrics import MetricsLogger, RateMeter, fmt, format_duration
-from fastsac.process_setup import log
+from fastsac.process_setup import log, resolve_device
 
 ROLE = "learner"
 ATTACH_RETRY_S = 0.2   # how often missing rings/snapshots are looked for (collectors create them)
@@ -67,11 +66,11 @@ class CollectorFeed:
         if self.ring is not None and self.snapshot is not None:
             return False
         if self.ring is None:
-            if not segment_exists(shm.ring_name(self.job, self.cid)):
+            if not shm.segment_exists(shm.ring_name(self.job, self.cid)):
                 return False
             self.ring = shm.TransitionRing.attach(self.job, self.cid, self.spec, role="consumer")
         if self.snapshot is None:
-            if not segment_exists(shm.wts_name(self.job, self.cid)):
+            if not shm.segment_exists(shm.wts_name(self.job, self.cid)):
                 return False
             self.snapshot = shm.WeightSnapshot.attach(self.job, self.cid, self.numel, role="writer")
         return True
@@ -139,7 +138,7 @@ class Learner:
         self.spec = EnvSpec(probe.obs_dim, probe.critic_obs_dim, probe.act_dim, probe.max_episode_steps)
         low, high = probe.action_low, probe.action_high
         probe.close()
-        self.device = learner_core.resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         self.agent, self.buffer = learner_core.build_agent(cfg, self.spec, low, high, self.device)
         self.env_steps = learner_core.restore(cfg, self.spec, self.agent, lambda m: log(ROLE, m))

@@ -15,7 +15,6 @@ updates (flatten + device->host once, then a non-blocking seqlock write per coll
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from fastsac import process_setup
@@ -43,13 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from fastsac.config import ConfigError
     from fastsac.learner_loop import Learner
     from fastsac.shm_layout import ShmLayoutError
-    stop = {"signal": None}
-
-    def on_signal(signum, frame):
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = process_setup.install_stop_handlers()
     try:
         learner = Learner(ctx)
     except ConfigError as exc:

@@ -39,7 +39,6 @@ def run_learner_check(ctx) -> int:
 
 def run_collector_check(ctx) -> int:
     from fastsac.algo.policy_layout import policy_flat_numel
-    from fastsac.collector_segments import open_ring, open_snapshot
     from fastsac.envs.registry import make_env
     cfg, me = ctx.cfg, ctx.me
     ctl = shm.ControlBlock.attach(cfg.job_name, role="observer")
@@ -47,9 +46,9 @@ def run_collector_check(ctx) -> int:
                    max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
     spec = shm.RingSpec(num_envs=me.env_count, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,
                         act_dim=env.act_dim, capacity=cfg.trainer.async_options.ring_capacity)
-    ring = open_ring(cfg.job_name, me.collector_id, spec, ctl.incarnation)
-    snap = open_snapshot(cfg.job_name, me.collector_id, policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo),
-                         ctl.incarnation)
+    ring = shm.TransitionRing.create_or_attach(cfg.job_name, me.collector_id, spec, ctl.incarnation)
+    snap = shm.WeightSnapshot.create_or_attach(cfg.job_name, me.collector_id,
+                                               policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo), ctl.incarnation)
     try:
         pages, sizes = {}, {}
         for name in (shm.ring_name(cfg.job_name, me.collector_id), shm.wts_name(cfg.job_name, me.collector_id)):

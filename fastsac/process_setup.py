@@ -93,6 +93,30 @@ def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) ->
     return ProcessContext(args=args, cfg=cfg, plan=plan, me=me, effective=effective)
 
 
+def install_stop_handlers() -> dict:
+    """SIGTERM/SIGINT only record the signal: the loops finish their step and stop in order."""
+    import signal
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def resolve_device(name: str, key: str = "device"):
+    """'auto' = cuda if available else cpu; an explicit cuda without CUDA is a config error."""
+    import torch
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"{key}: {name!r} was requested but CUDA is not available "
+                          f"(torch {torch.__version__}); use cpu or auto")
+    return torch.device(name)
+
+
 def torch_threads(ctx: ProcessContext) -> int:
     """CPUs this process owns. With binding off every process may use every CPU, so they
     are shared out evenly among the job's processes instead of each taking all of them."""

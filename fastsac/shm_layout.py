@@ -105,6 +105,11 @@ def wts_name(job: str, collector_id: int) -> str:
     return f"/{PREFIX}.{validate_job_name(job)}.c{_check_collector_id(collector_id)}.wts"
 
 
+def segment_exists(name: str) -> bool:
+    """Whether /dev/shm holds a segment of this name (the learner polls for collectors' segments)."""
+    return os.path.exists(_path(name))
+
+
 def segment_name(kind: SegmentKind, job: str, collector_id: int = -1) -> str:
     if kind == SegmentKind.CTL:
         return ctl_name(job)

@@ -17,6 +17,7 @@ from fastsac import learner_core
 from fastsac.config import Config
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.episodes import EpisodeTracker, EpisodeWindow
+from fastsac.process_setup import resolve_device
 from fastsac.metrics import MetricsLogger, RateMeter, fmt, format_duration
 
 
@@ -37,7 +38,7 @@ def to_device(x: np.ndarray | None, device: torch.device, dtype=torch.float32) -
 
 
 def train_sync(cfg: Config) -> int:
-    device = learner_core.resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     torch.set_flush_denormal(True)  # subnormal floats once made early updates 15x slower on CPU
     torch.manual_seed(cfg.seed)
     n = cfg.env.num_envs

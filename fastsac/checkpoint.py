@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fastsac.shm_layout import pid_alive
+
 FORMAT = "fastsac-checkpoint"
 FORMAT_VERSION = 1
 CKPT_GLOB = "ckpt_*.pt"
@@ -48,7 +50,7 @@ def save_checkpoint(run_path: Path, payload: dict, keep: int) -> Path:
     # of dead writers, never one that a live process may still be writing.
     for leftover in directory.glob(".tmp_ckpt_*"):
         pid = leftover.name.split("_")[2]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             leftover.unlink(missing_ok=True)
     payload = dict(payload, format=FORMAT, format_version=FORMAT_VERSION, saved_at=time.time())
     final = directory / checkpoint_name(int(payload["env_steps"]))
@@ -73,16 +75,6 @@ def save_checkpoint(run_path: Path, payload: dict, keep: int) -> Path:
     for old in sorted(directory.glob(CKPT_GLOB))[:-keep]:
         old.unlink(missing_ok=True)
     return final
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def load_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:

@@ -142,6 +142,9 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 # --------------------------------------------------------------------------- loading
 
+_YAML_BOOL_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -155,6 +158,8 @@ def _coerce(path: str, value: Any, tp: Any, meta: dict) -> Any:
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool):  # YAML 1.1 reads a bare off/on/no/yes as a boolean
+            value = next((c for c in _YAML_BOOL_WORDS[value] if c in choices), value)
         if value not in choices:
             raise ConfigError(f"{path}: {value!r} is not valid; expected one of {', '.join(map(repr, choices))}")
         return value

@@ -668,7 +668,28 @@ class SlotView:
     del _get
 
 
-class TransitionRing:
+class _SegmentHandle:
+    """What every attached segment handle offers: its name, unlink, and `with` support."""
+    _seg: "_Segment"
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def unlink(self) -> bool:
+        return self._seg.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def name(self) -> str:
+        return self._seg.name
+
+
+class TransitionRing(_SegmentHandle):
     """SPSC ring of env-step batches: collector i produces, the learner consumes.
 
     Writers: slot contents + write cursor + producer pid: the producer; read cursor +
@@ -748,19 +769,6 @@ class TransitionRing:
         self._slots = []
         self._slots_u8 = self._wc = self._rc = self._ppid = self._cpid = None
         self._seg.close()
-
-    def unlink(self) -> bool:
-        return self._seg.unlink()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    @property
-    def name(self) -> str:
-        return self._seg.name
 
     @property
     def producer_pid(self) -> int:
@@ -947,7 +955,7 @@ def _wts_info(job: str, collector_id: int, numel: int) -> SegmentInfo:
                        _digest(table))
 
 
-class WeightSnapshot:
+class WeightSnapshot(_SegmentHandle):
     """Seqlock-protected double buffer of the flat actor weights (learner -> collector i).
 
     publish (writer: learner only): seq -> odd, write buffer[(v) % 2] (the inactive one),
@@ -1038,19 +1046,6 @@ class WeightSnapshot:
         self._bufs = []
         self._seq = self._wpid = self._rpid = None
         self._seg.close()
-
-    def unlink(self) -> bool:
-        return self._seg.unlink()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    @property
-    def name(self) -> str:
-        return self._seg.name
 
     @property
     def version(self) -> int:

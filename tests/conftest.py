@@ -81,6 +81,17 @@ def procs():
         p.join(5)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's torch code on one thread: tiny nets only pay sync overhead for a second
+    intra-op thread, which also stalls on a busy 2-core machine."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_sessionfinish(session, exitstatus):
     _leaked.extend(_unlink_names(_own_segments(TEST_JOB_PREFIX + "_")))
 

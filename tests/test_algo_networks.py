@@ -18,12 +18,7 @@ from fastsac.config import AlgoConfig
 LOW, HIGH = np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # deterministic, and fast on 2 cores
 
 
 def small_cfg(**kw) -> AlgoConfig:

@@ -29,6 +29,13 @@ def test_overrides_are_typed():
     assert cfg.trainer.asynchronous is False
 
 
+def test_yaml_bare_off_means_the_word_off(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("trainer:\n  async_options:\n    numa_binding: off\n")
+    assert load_config(p).trainer.async_options.numa_binding == "off"
+    assert config_from_dict({}, ["trainer.async_options.numa_binding=off"]).trainer.async_options.numa_binding == "off"
+
+
 def test_yaml_float_without_dot_is_accepted(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("algo:\n  critic_lr: 3e-4\n")

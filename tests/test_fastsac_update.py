@@ -11,15 +11,7 @@ from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.replay_buffer import ReplayBuffer
 from fastsac.config import AlgoConfig
 
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny nets: a second intra-op thread only adds sync overhead (and stalls on a busy machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # deterministic, and fast on 2 cores
 
 
 LOW, HIGH = np.array([-2.0, -1.0], np.float32), np.array([2.0, 3.0], np.float32)

@@ -13,13 +13,7 @@ from fastsac.algo.replay_buffer import ReplayBuffer
 
 OBS, FINAL = 0.0, 1.0        # kind: observation an action was taken in / true final observation
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # deterministic, and fast on 2 cores
 
 
 def enc(row: int, a: int, kind: float = OBS, inc: int = 0) -> list[float]:

@@ -36,7 +36,10 @@ class RunningNormalizer(nn.Module):
         n = x.shape[0]
         if n == 0:
             return
-        batch_var, batch_mean = torch.var_mean(x, dim=0, unbiased=False)
+        # two-pass mean/var by hand: torch.var_mean(dim=0) measured ~20x slower on CPU (330 vs 18 us
+        # for 128 x 348), and the learner runs this for every ingested slot
+        batch_mean = x.mean(dim=0)
+        batch_var = (x - batch_mean).square().mean(dim=0)
         # merge in float64: the m2 terms grow with count and would lose precision in float32
         count, total = self.count, self.count + n
         mean, var = self.mean.double(), self.var.double()

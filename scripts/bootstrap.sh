@@ -2,8 +2,8 @@
 # Create/refresh the project venv (.venv) with the right torch build, then install fastsac.
 #
 #   CPU-only machine (no nvidia-smi): the CPU wheel torch==2.13.0, never a CUDA build.
-#     It is taken from a local wheel when pip already has one (--no-index), else from
-#     PyTorch's CPU wheel index.
+#     It is taken from a local wheel when pip's configured find-links have one (installed
+#     with --no-index --no-deps, then its dependencies), else from PyTorch's CPU wheel index.
 #   Machine with an NVIDIA driver: torch==2.13.0 from PyPI (the CUDA build).
 #   FASTSAC_TORCH_SPEC / FASTSAC_TORCH_INDEX override the spec and the index (see README).
 #
@@ -35,8 +35,12 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     "${pip[@]}" install "$torch_spec"
   else
     echo "bootstrap: no NVIDIA driver: installing the CPU build of $torch_spec" >&2
-    "${pip[@]}" install --no-index "$torch_spec" 2>/dev/null \
-      || "${pip[@]}" install "$torch_spec" --index-url https://download.pytorch.org/whl/cpu
+    if "${pip[@]}" install --no-index --no-deps "$torch_spec" 2>/dev/null; then
+      # a CPU wheel that pip already has locally; now its dependencies (torch itself is satisfied)
+      "${pip[@]}" install "$torch_spec"
+    else
+      "${pip[@]}" install "$torch_spec" --index-url https://download.pytorch.org/whl/cpu
+    fi
   fi
 fi
 # torch is already satisfied, so this step installs no other torch build.

@@ -1,5 +1,5 @@
 """Fault injection against real async jobs (CPU): kill -9 of each process, hung processes (SIGSTOP),
-SIGTERM, double launch, stale segments, an env that produces NaN. docs/_drafts/faults.md lists what
+SIGTERM, double launch, stale segments, an env that produces NaN. docs/design.md ("Faults") lists what
 each fault costs and which test covers it. Test-only hooks live in tests/fault_hooks (put on the
 job's PYTHONPATH): nan_env.py (an env name for the registry's module:Class form) and sitecustomize.py
 (a learner whose first update blocks like torch.compile).

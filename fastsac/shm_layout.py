@@ -1259,7 +1259,7 @@ class Record:
         return {k: self[k] for k in self._views}
 
 
-class ControlBlock:
+class ControlBlock(_SegmentHandle):
     """Per-job control block. Created by the launcher, which holds its liveness lock.
 
     Roles decide what a handle may write (exactly one writer per field):
@@ -1374,16 +1374,6 @@ class ControlBlock:
         if self._seg.unlink():
             removed.append(self._seg.name)
         return removed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    @property
-    def name(self) -> str:
-        return self._seg.name
 
     def still_current(self) -> bool:
         """False once the launcher is gone or the name was re-created by a new launch."""

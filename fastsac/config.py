@@ -90,7 +90,9 @@ class AsyncOptions:
     learner_numa_node: int = _f(-1, min=-1, help="-1 = the GPU's node (node 0 when unknown)")
     manual_collectors: list[int] = _f(default_factory=list, help="collector ids the launcher leaves for a person to start")
     max_restarts: int = _f(3, min=0, help="restarts per collector before the job stops")
-    restart_backoff_s: float = _f(1.0, min=0.0)
+    restart_backoff_s: float = _f(1.0, min=0.0, help="delay before a restart; doubles with each restart")
+    restart_reset_s: float = _f(600.0, min=0.0, min_exclusive=True,
+                                help="a collector that ran this long since its last restart starts counting afresh")
     heartbeat_timeout_s: float = _f(30.0, min=0.0, min_exclusive=True,
                                     help="a process whose heartbeat is older than this is considered dead")
     stop_timeout_s: float = _f(120.0, min=0.0, min_exclusive=True,

@@ -38,6 +38,7 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     restart_at: float | None = None
+    started_at: float = 0.0     # time.monotonic() of the current incarnation's start
     manual: bool = False
     exit_code: int | None = None
     history: list = field(default_factory=list)
@@ -71,6 +72,7 @@ class Supervisor:
                                           stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         child.exit_code = None
         child.hung_killed = False
+        child.started_at = time.monotonic()
         if child.plan.role == "collector":
             self.ctl.supervisor(child.plan.collector_id).update(
                 launched_pid=child.proc.pid, launched_ns=time.monotonic_ns(), restarts=child.restarts,
@@ -233,6 +235,11 @@ class Supervisor:
         c.exit_code = rc
         if self.stop_deadline is not None:
             return
+        if c.restarts and now - c.started_at >= self.ao.restart_reset_s:
+            # It ran healthily for a while: an occasional crash in a days-long job must not use up
+            # max_restarts (and the backoff) that were meant for a crash loop.
+            say(f"{c.name} ran {now - c.started_at:.0f}s since its last restart: restart count reset")
+            c.restarts = 0
         if rc == EXIT_USAGE or c.restarts >= self.ao.max_restarts:
             c.history.append("failed")
             return

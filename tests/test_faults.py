@@ -275,6 +275,27 @@ def test_collector_kill9_is_restarted_and_the_job_finishes(fault_job):
     assert job_segments(job.name) == []
 
 
+def test_restart_count_resets_after_a_healthy_stretch(fault_job):
+    # max_restarts=1 would stop the job at the second crash, unless the collector ran
+    # restart_reset_s (1 s here) since its restart: then the count starts afresh.
+    job = fault_job(trainer={"num_iterations": 100_000,
+                             "async_options": {"max_restarts": 1, "restart_backoff_s": 0.1, "restart_reset_s": 1.0}})
+    launcher = job.start()
+    ctl = job.wait_running(min_env_steps=8)
+    for crash in (1, 2):
+        victim = int(ctl.collector(0)["pid"])
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: ctl.collector(0)["pid"] not in (0, victim)
+                   and ctl.collector(0)["state"] == shm.ProcState.RUNNING, 30, f"restart {crash}", job)
+        time.sleep(1.5)  # a healthy stretch longer than restart_reset_s
+    out = job.stdout(launcher)
+    assert out.count("restarting collector 0 (restart 1/1)") == 2, out
+    assert "restart count reset" in out, out
+    os.kill(launcher.pid, signal.SIGTERM)
+    assert job.wait(launcher, 30) == 0, job.diagnostics()
+    assert job_segments(job.name) == []
+
+
 def test_hung_collector_is_killed_and_restarted_while_the_other_keeps_feeding(fault_job):
     # SIGSTOP = a hang (deadlock, stuck env): no exit, only the heartbeat stops.
     job = fault_job(trainer={"num_iterations": 100_000,

@@ -27,7 +27,7 @@ from fastsac import process_setup
 from fastsac.process_setup import fail
 
 ROLE = "collector"
-STATS_INTERVAL_S = 0.25      # how often the stats record in the control block is refreshed
+STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
 LIVENESS_INTERVAL_S = 0.5    # how often the launcher/learner liveness is checked
 STAGES = ("sample_actions", "env_step", "push", "sync", "wait")
 

@@ -168,6 +168,8 @@ class Learner:
         self.updates_owed = 0.0
         self.updates_since_publish = 0
         self.last_train: dict = {}
+        self._last_stats: dict[int, dict] = {}   # per collector: last consistent stats record
+        self._stage_ms: dict[int, dict] = {}     # per collector: last computed stage times (ms/step)
         log(ROLE, f"{cfg.env.name}: {cfg.env.num_envs} envs in {len(self.feeds)} collector(s), device {self.device}, "
                   f"utd_mode {self.ao.utd_mode}, env steps {self.env_steps:,}/{self.total_env_steps:,}")
 
@@ -237,7 +239,6 @@ class Learner:
         cfg = self.cfg
         num_envs = cfg.env.num_envs
         window = EpisodeWindow()
-        episode_totals = {}
         collector_rates = {f.cid: RateMeter(0) for f in self.feeds}
         collector_prev = {f.cid: None for f in self.feeds}
         ingest_rate, updates_rate = RateMeter(self.env_steps), RateMeter(self.agent.num_updates_done)
@@ -310,7 +311,7 @@ class Learner:
             if it >= next_log_it or now - last_log >= cfg.logging.interval_s:
                 next_log_it = self._next_multiple(cfg.logging.interval)
                 dt = max(now - window_start, 1e-9)
-                self._log(window, episode_totals, collector_rates, collector_prev, ingest_rate, updates_rate,
+                self._log(window, collector_rates, collector_prev, ingest_rate, updates_rate,
                           100.0 * learn_time / dt, window_updates / max(window_batches, 1e-9), run_start)
                 learn_time, window_start, last_log, window_updates, window_batches = 0.0, now, now, 0, 0.0
             if cfg.checkpoint.interval and it >= next_ckpt_it and self.env_steps < self.total_env_steps:
@@ -326,7 +327,7 @@ class Learner:
         it = self.env_steps // self.cfg.env.num_envs
         return (it // interval + 1) * interval if interval else math.inf
 
-    def _log(self, window, episode_totals, collector_rates, collector_prev, ingest_rate, updates_rate,
+    def _log(self, window, collector_rates, collector_prev, ingest_rate, updates_rate,
              learn_pct, utd, run_start) -> None:
         cfg = self.cfg
         scalars: dict[str, float] = {}
@@ -335,7 +336,9 @@ class Learner:
         max_lag, fills = 0, []
         for feed in self.feeds:
             i = feed.cid
-            stats = self.ctl.read_collector_stats(i)
+            # None = being written right now: use the last good copy (totals must never go back)
+            stats = self.ctl.read_collector_stats(i) or self._last_stats.get(i)
+            self._last_stats[i] = stats
             fill = feed.fill()
             fills.append(fill)
             max_lag = max(max_lag, feed.max_lag)
@@ -351,11 +354,16 @@ class Learner:
                 totals[1] += stats["return_sum"]
                 totals[2] += stats["length_sum"]
                 rate = collector_rates[i].rate(stats["steps"] * feed.spec.num_envs)
-                prev, collector_prev[i] = collector_prev[i], stats
-                if prev is not None and stats["steps"] > prev["steps"]:
-                    d = stats["steps"] - prev["steps"]
-                    for st in STAGES:
-                        ms = (stats[f"{st}_ns"] - prev[f"{st}_ns"]) / d / 1e6
+                prev = collector_prev[i]
+                if prev is None or stats["steps"] > prev["steps"]:
+                    # stage times per step over the steps since the last record that moved (the
+                    # collector refreshes its record every STATS_INTERVAL_S, we may log more often)
+                    if prev is not None:
+                        d = stats["steps"] - prev["steps"]
+                        self._stage_ms[i] = {st: (stats[f"{st}_ns"] - prev[f"{st}_ns"]) / d / 1e6 for st in STAGES}
+                    collector_prev[i] = stats
+                if i in self._stage_ms:
+                    for st, ms in self._stage_ms[i].items():
                         scalars[f"{prefix}{st}_ms"] = ms
                         stage_sums[st] += ms
                     stage_n += 1

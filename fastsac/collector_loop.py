@@ -9,10 +9,25 @@ import numpy as np
 from fastsac import shm_layout as shm
 from fastsac.algo.policy import InferencePolicy
 from fastsac.algo.policy_layout import policy_flat_numel
-from fastsac.collector_main import LIVENESS_INTERVAL_S, STATS_INTERVAL_S, StageTimer
 from fastsac.envs.registry import make_env
 from fastsac.episodes import EpisodeTracker
 from fastsac.process_setup import fail, log, resolve_device
+
+
+STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
+LIVENESS_INTERVAL_S = 0.5    # how often the launcher/learner liveness is checked
+
+
+class StageTimer:
+    """Cumulative nanoseconds per loop stage (published to the learner as stats)."""
+
+    def __init__(self):
+        self.ns = dict.fromkeys(shm.STAGES, 0)
+
+    def add(self, stage: str, t0: int) -> int:
+        t1 = time.perf_counter_ns()
+        self.ns[stage] += t1 - t0
+        return t1
 
 
 class CollectorError(RuntimeError):

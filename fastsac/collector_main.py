@@ -21,15 +21,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from fastsac import process_setup
-from fastsac.process_setup import fail
 
 ROLE = "collector"
-STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
-LIVENESS_INTERVAL_S = 0.5    # how often the launcher/learner liveness is checked
-STAGES = ("sample_actions", "env_step", "push", "sync", "wait")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,18 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class StageTimer:
-    """Cumulative nanoseconds per loop stage (published to the learner as stats)."""
-
-    def __init__(self):
-        self.ns = dict.fromkeys(STAGES, 0)
-
-    def add(self, stage: str, t0: int) -> int:
-        t1 = time.perf_counter_ns()
-        self.ns[stage] += t1 - t0
-        return t1
-
-
 def main(argv: list[str] | None = None) -> int:
     ctx = process_setup.start(ROLE, build_parser(), argv)
     role = f"collector {ctx.args.collector_id}"
@@ -67,17 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from fastsac.collector_loop import Collector
     from fastsac.config import ConfigError
     from fastsac.shm_layout import ShmLayoutError
-    stop = process_setup.install_stop_handlers()
-    try:
-        collector = Collector(ctx, role)
-    except ConfigError as exc:
-        fail(role, f"config error: {exc}", process_setup.EXIT_USAGE)
-    except ShmLayoutError as exc:
-        fail(role, str(exc))
-    try:
-        return collector.run(stop)
-    finally:
-        collector.close()
+    return process_setup.build_and_run(role, lambda: Collector(ctx, role), (ConfigError,), (ShmLayoutError,))
 
 
 if __name__ == "__main__":

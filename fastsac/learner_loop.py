@@ -15,7 +15,6 @@ import torch
 from fastsac import learner_core
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
-from fastsac.collector_main import STAGES
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.episodes import EpisodeWindow
 from fastsac.metrics import MetricsLogger, RateMeter, fmt, format_duration
@@ -332,7 +331,7 @@ class Learner:
         cfg = self.cfg
         scalars: dict[str, float] = {}
         totals = [0, 0.0, 0]
-        sum_rate, stage_sums, stage_n, rows = 0.0, dict.fromkeys(STAGES, 0.0), 0, []
+        sum_rate, stage_sums, stage_n, rows = 0.0, dict.fromkeys(shm.STAGES, 0.0), 0, []
         max_lag, fills = 0, []
         for feed in self.feeds:
             i = feed.cid
@@ -360,7 +359,7 @@ class Learner:
                     # collector refreshes its record every STATS_INTERVAL_S, we may log more often)
                     if prev is not None:
                         d = stats["steps"] - prev["steps"]
-                        self._stage_ms[i] = {st: (stats[f"{st}_ns"] - prev[f"{st}_ns"]) / d / 1e6 for st in STAGES}
+                        self._stage_ms[i] = {st: (stats[f"{st}_ns"] - prev[f"{st}_ns"]) / d / 1e6 for st in shm.STAGES}
                     collector_prev[i] = stats
                 if i in self._stage_ms:
                     for st, ms in self._stage_ms[i].items():
@@ -382,9 +381,9 @@ class Learner:
                         "async/policy_lag": max_lag, "async/ring_fill": float(np.mean(fills)) if fills else 0.0,
                         "async/weight_version": self.weight_version, "async/utd": utd})
         if stage_n:
-            for st in STAGES:
+            for st in shm.STAGES:
                 scalars[f"perf/collector_{st}_ms"] = stage_sums[st] / stage_n
-            scalars["perf/collect_ms_per_batch"] = sum(stage_sums[s] for s in STAGES if s != "wait") / stage_n
+            scalars["perf/collect_ms_per_batch"] = sum(stage_sums[s] for s in shm.STAGES if s != "wait") / stage_n
         scalars.update({f"train/{k}": float(v) for k, v in self.last_train.items()})
         self.metrics.scalars(self.env_steps, scalars)
         self.ctl.learner.update(updates_per_s=ups, learn_pct=learn_pct, env_steps_per_s=scalars["perf/env_steps_per_s"])

@@ -18,7 +18,6 @@ import argparse
 import sys
 
 from fastsac import process_setup
-from fastsac.process_setup import fail
 
 ROLE = "learner"
 
@@ -42,17 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     from fastsac.config import ConfigError
     from fastsac.learner_loop import Learner
     from fastsac.shm_layout import ShmLayoutError
-    stop = process_setup.install_stop_handlers()
-    try:
-        learner = Learner(ctx)
-    except ConfigError as exc:
-        fail(ROLE, f"config error: {exc}", process_setup.EXIT_USAGE)
-    except (CheckpointError, ShmLayoutError) as exc:
-        fail(ROLE, str(exc), process_setup.EXIT_USAGE if isinstance(exc, CheckpointError) else 1)
-    try:
-        return learner.run(stop)
-    finally:
-        learner.close()
+    return process_setup.build_and_run(ROLE, lambda: Learner(ctx), (ConfigError, CheckpointError),
+                                       (ShmLayoutError,))
 
 
 if __name__ == "__main__":

@@ -106,6 +106,26 @@ def install_stop_handlers() -> dict:
     return stop
 
 
+def build_and_run(role: str, build, usage_errors: tuple = (), failure_errors: tuple = ()) -> int:
+    """Construct a process's loop, run it until it stops, always close it.
+
+    Construction errors end the process with a message: `usage_errors` (bad config, unusable
+    checkpoint) with exit code 2, `failure_errors` (e.g. a segment that cannot be attached) with 1.
+    SIGTERM/SIGINT handlers are installed before construction, so a stop during start-up counts.
+    """
+    stop = install_stop_handlers()
+    try:
+        loop = build()
+    except usage_errors as exc:
+        fail(role, f"config error: {exc}" if isinstance(exc, ConfigError) else str(exc), EXIT_USAGE)
+    except failure_errors as exc:
+        fail(role, str(exc))
+    try:
+        return loop.run(stop)
+    finally:
+        loop.close()
+
+
 def resolve_device(name: str, key: str = "device"):
     """'auto' = cuda if available else cpu; an explicit cuda without CUDA is a config error."""
     import torch

@@ -1158,15 +1158,13 @@ LEARNER_DTYPE = _record([
 ], 128)
 
 # Collector stats: cumulative; published under the record's stats_seq (see write_collector_stats).
+# The collector loop's stages, in loop order; each has a cumulative "<stage>_ns" stats field.
+STAGES = ("sample_actions", "env_step", "push", "sync", "wait")
 STATS_FIELDS: tuple[tuple[str, str], ...] = (
     ("episodes", "<i8"),           # episodes finished
     ("return_sum", "<f8"),         # sum of their returns
     ("length_sum", "<i8"),         # sum of their lengths
-    ("sample_actions_ns", "<i8"),  # stage timing sums (ns)
-    ("env_step_ns", "<i8"),
-    ("push_ns", "<i8"),
-    ("sync_ns", "<i8"),
-    ("wait_ns", "<i8"),
+    *((f"{stage}_ns", "<i8") for stage in STAGES),   # stage timing sums (ns)
     ("steps", "<i8"),              # env-step batches the timings cover
 )
 STATS_DTYPE = np.dtype(list(STATS_FIELDS))

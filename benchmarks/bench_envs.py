@@ -1,12 +1,19 @@
 """Env throughput: fastsac's batched MuJoCo tasks vs Gymnasium's Python-loop vector env.
 
 For each task and number of envs, builds Gymnasium's SyncVectorEnv (same-step autoreset)
-and fastsac's batched env with each thread count, then measures them in interleaved
-rounds (--rounds x --seconds each, stepping with uniform random actions; episodes end and
-auto-reset as in training: random Humanoid/Ant fall within ~20-60 steps) and reports the
-best round of each: env-steps/s, per core (= / physics threads; Gymnasium uses one) and per
-second of process CPU time. Interleaving and best-of make the ratios robust to other load
-on a shared machine; absolute numbers still vary between runs.
+and fastsac's batched env with each thread count, then measures them in --rounds rounds: in a
+round the cells take one batched step each in turn until each has run --seconds (uniform random
+actions; episodes end and auto-reset as in training: random Humanoid/Ant fall within ~20-60
+steps). It reports the median round of each cell (env-steps/s; per core = / physics threads,
+Gymnasium uses one; per second of process CPU time) and, against Gymnasium, the median and
+range of the ratios taken round by round. On a shared VM the speed of the whole machine drifts
+by tens of percent within seconds: cells stepped alternately see the same drift, so their ratio
+cancels it, where ratios of separately measured best rounds do not. Absolute numbers still
+vary between runs.
+
+The "physics bound" row counts only the time spent in the MuJoCo calls Gymnasium's env makes
+(mj_step with frame_skip, mj_rnePostConstraint) and the field copies: its "vs gym" ratio is the
+largest per-core speed-up over Gymnasium any implementation with Gymnasium's physics can reach.
 
     .venv/bin/python benchmarks/bench_envs.py                      # 3 tasks x 256, 1024 envs x 1, 2 threads
     .venv/bin/python benchmarks/bench_envs.py --tasks humanoid --num-envs 256 --threads 1 2 --seconds 3
@@ -45,7 +52,12 @@ def _cpu_model() -> str:
 
 
 class _Cell:
-    """One implementation at one size, built once and measured in several interleaved rounds."""
+    """One implementation at one size, built once and measured in interleaved rounds.
+
+    A round steps every cell in turn, one batched step each, until --seconds per cell have
+    passed, so all cells of a round see the same machine speed; each cell adds up its own
+    time (wall and process CPU) and steps, and records one rate per round.
+    """
 
     def __init__(self, label, threads, env, step, low, high, num_envs):
         self.label, self.threads, self.env, self.step, self.num_envs = label, threads, env, step, num_envs
@@ -53,30 +65,79 @@ class _Cell:
         self.acts = [rng.uniform(low, high, (num_envs, low.size)).astype(np.float32) for _ in range(8)]
         self.k = 0
         self.wall_rates, self.cpu_rates = [], []
+        self.wall = self.cpu = 0.0
+        self.n = 0
 
-    def measure(self, warmup, seconds):
-        for _ in range(warmup):
-            self.step(self.acts[self.k % 8])
-            self.k += 1
-        n, cpu0, t0 = 0, time.process_time(), time.perf_counter()
-        while True:
-            self.step(self.acts[self.k % 8])
-            self.k += 1
-            n += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= seconds:
-                break
-        cpu = time.process_time() - cpu0
-        self.wall_rates.append(n * self.num_envs / elapsed)
-        self.cpu_rates.append(n * self.num_envs / cpu)
+    def _next_step(self):
+        self.step(self.acts[self.k % 8])
+        self.k += 1
+
+    def warm_up(self, steps):
+        for _ in range(steps):
+            self._next_step()
+
+    def begin_round(self):
+        self.wall = self.cpu = 0.0
+        self.n = 0
+
+    def step_timed(self):
+        w, c = time.perf_counter(), time.process_time()
+        self._next_step()
+        self.wall += time.perf_counter() - w
+        self.cpu += time.process_time() - c
+        self.n += 1
+
+    def end_round(self):
+        self.wall_rates.append(self.n * self.num_envs / self.wall)
+        self.cpu_rates.append(self.n * self.num_envs / max(self.cpu, 1e-9))
 
     def close(self):
         self.env.close()
 
 
+def measure_round(cells, warmup, seconds):
+    """One round: every cell steps in turn until each has run `seconds` (the slowest sets the pace)."""
+    for cell in cells:
+        cell.warm_up(warmup)
+        cell.begin_round()
+    while min(cell.wall for cell in cells) < seconds:
+        for cell in cells:
+            cell.step_timed()
+    for cell in cells:
+        cell.end_round()
+
+
 def batched_cell(task, num_envs, threads):
     env = make_env(task, num_envs, seed=0, num_threads=threads)
     return _Cell("fastsac batched", threads, env, env.step, env.action_low, env.action_high, num_envs)
+
+
+class _PhysicsBoundCell(_Cell):
+    """The ceiling for any implementation of the task: the time spent in Gymnasium's MuJoCo calls alone.
+
+    Steps a 1-thread batched env as usual (so episodes fall and reset as in the other cells) but
+    counts only the time inside its physics step: per env `ctrl[:] = a`, `mj_step(m, d, frame_skip)`,
+    `mj_rnePostConstraint` (the calls Gymnasium's MujocoEnv makes) and the copy of the fields the
+    task reads. No implementation that makes those calls can be faster per core than this row, so
+    its "vs gym" column is the largest speed-up over Gymnasium this task allows on this machine.
+    """
+
+    def __init__(self, task, num_envs):
+        env = make_env(task, num_envs, seed=0, num_threads=1)
+        super().__init__("physics bound", 1, env, env.step, env.action_low, env.action_high, num_envs)
+        physics_step = env._physics_step
+
+        def timed_physics_step():
+            w, c = time.perf_counter(), time.process_time()
+            physics_step()
+            self.wall += time.perf_counter() - w
+            self.cpu += time.process_time() - c
+
+        env._physics_step = timed_physics_step
+
+    def step_timed(self):
+        self._next_step()  # the physics step inside it adds its own time
+        self.n += 1
 
 
 @contextlib.contextmanager
@@ -106,15 +167,24 @@ def gymnasium_cell(task, num_envs):
     return _Cell("gymnasium sync", 1, env, env.step, space.low, space.high, num_envs)
 
 
+def _paired_ratio(rates, base_rates) -> str:
+    """'median [min-max]' of the round-by-round ratios rates[i] / base_rates[i]."""
+    r = np.asarray(rates, float) / np.asarray(base_rates, float)
+    return f"{np.median(r):.2f}x [{r.min():.2f}-{r.max():.2f}]"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=list(GYM_IDS), choices=list(GYM_IDS))
     p.add_argument("--num-envs", nargs="+", type=int, default=[256, 1024])
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--seconds", type=float, default=2.0, help="measured time per cell and round")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell; the best is reported")
+    p.add_argument("--seconds", type=float, default=1.0, help="measured time per cell and round")
+    p.add_argument("--rounds", type=int, default=7,
+                   help="interleaved rounds per cell; medians and round-by-round ratios are reported")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps per cell and round")
     p.add_argument("--no-gymnasium", action="store_true", help="skip the Gymnasium baseline")
+    p.add_argument("--no-bound", action="store_true",
+                   help="skip the physics-bound row (time in Gymnasium's MuJoCo calls alone: the ceiling)")
     args = p.parse_args(argv)
 
     import mujoco
@@ -127,13 +197,17 @@ def main(argv=None) -> int:
           f"CPU: {_cpu_model()}, load average at start {os.getloadavg()[0]:.2f}")
     print(f"# python {platform.python_version()}, numpy {np.__version__}, mujoco {mujoco.__version__}, "
           f"gymnasium {gym_version}")
-    print(f"# {args.rounds} interleaved rounds of {args.seconds:g} s per cell (after {args.warmup} warm-up steps "
-          "each), best round reported; uniform random actions, auto-reset on termination/truncation")
-    print("# per core = env-steps/s / physics threads (Gymnasium: 1); per CPU-s = env-steps per second of "
-          "process CPU time (robust to other load)")
+    print(f"# {args.rounds} rounds of {args.seconds:g} s per cell, cells stepped alternately (after {args.warmup} "
+          "warm-up steps each); uniform random actions, auto-reset on termination/truncation")
+    print("# env-steps/s, per core (= / physics threads; Gymnasium: 1), per CPU-s (env-steps per second of "
+          "process CPU time): median round")
+    print("# vs gym: median [min-max] over rounds of (this cell / Gymnasium in the same round), per core and "
+          "per CPU-s")
+    print("# physics bound = the same batched env timed inside its physics step only: the ceiling for "
+          "Gymnasium's physics")
     print()
     header = (f"{'task':<12} {'envs':>5} {'impl':<16} {'thr':>3} {'env-steps/s':>12} {'per core':>10} "
-              f"{'per CPU-s':>10} {'vs gym/core':>11} {'vs gym/CPU-s':>12}")
+              f"{'per CPU-s':>10} {'vs gym/core':>22} {'vs gym/CPU-s':>22}")
     print(header)
     print("-" * len(header))
     old_cwd = os.getcwd()
@@ -143,25 +217,25 @@ def main(argv=None) -> int:
             for task in args.tasks:
                 for n in args.num_envs:
                     cells = [] if args.no_gymnasium else [gymnasium_cell(task, n)]
+                    cells += [] if args.no_bound else [_PhysicsBoundCell(task, n)]
                     cells += [batched_cell(task, n, t) for t in args.threads]
                     try:
                         for _ in range(args.rounds):
-                            for cell in cells:
-                                cell.measure(args.warmup, args.seconds)
+                            measure_round(cells, args.warmup, args.seconds)
                     finally:
                         for cell in cells:
                             cell.close()
                     base = None if args.no_gymnasium else cells[0]
                     for cell in cells:
-                        wall, cpu = max(cell.wall_rates), max(cell.cpu_rates)
+                        wall, cpu = float(np.median(cell.wall_rates)), float(np.median(cell.cpu_rates))
                         per_core = wall / cell.threads
                         if base is not None:
-                            r_core = f"{per_core / max(base.wall_rates):.2f}x"
-                            r_cpu = f"{cpu / max(base.cpu_rates):.2f}x"
+                            r_core = _paired_ratio(np.array(cell.wall_rates) / cell.threads, base.wall_rates)
+                            r_cpu = _paired_ratio(cell.cpu_rates, base.cpu_rates)
                         else:
                             r_core = r_cpu = "-"
                         print(f"{task:<12} {n:>5} {cell.label:<16} {cell.threads:>3} {wall:>12,.0f} {per_core:>10,.0f} "
-                              f"{cpu:>10,.0f} {r_core:>11} {r_cpu:>12}", flush=True)
+                              f"{cpu:>10,.0f} {r_core:>22} {r_cpu:>22}", flush=True)
         finally:
             os.chdir(old_cwd)
     print(f"\n# load average at end {os.getloadavg()[0]:.2f}")

@@ -5,8 +5,10 @@ on its own: a slow or stalled collector never holds back the others (no lockstep
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 import time
 
 import numpy as np
@@ -28,6 +30,32 @@ ATTACH_RETRY_S = 0.2   # how often missing rings/snapshots are looked for (colle
 IDLE_SLEEP_MIN_S, IDLE_SLEEP_MAX_S = 50e-6, 2e-3
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.uint8): torch.uint8,
                  np.dtype(np.int64): torch.int64}
+
+
+@contextlib.contextmanager
+def heartbeat_while(record, timeout_s: float):
+    """Keep record["heartbeat_ns"] fresh from a helper thread while the body runs.
+
+    For work that is slow but not hung: a periodic checkpoint of large networks on a slow disk
+    can take longer than heartbeat_timeout_s, and the supervisor would otherwise kill the learner
+    mid-save. The field keeps its one writer (this process); the main thread does not beat
+    while the body runs.
+    """
+    done = threading.Event()
+
+    def beat() -> None:
+        while True:
+            record["heartbeat_ns"] = time.monotonic_ns()
+            if done.wait(max(timeout_s / 4, 0.05)):
+                return
+
+    beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join()
 
 
 class CollectorFeed:
@@ -315,7 +343,8 @@ class Learner:
                 learn_time, window_start, last_log, window_updates, window_batches = 0.0, now, now, 0, 0.0
             if cfg.checkpoint.interval and it >= next_ckpt_it and self.env_steps < self.total_env_steps:
                 next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
-                learner_core.save(cfg, self.spec, self.agent, self.env_steps)
+                with heartbeat_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
+                    learner_core.save(cfg, self.spec, self.agent, self.env_steps)
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
         path = learner_core.save(cfg, self.spec, self.agent, self.env_steps)
         log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")

@@ -394,6 +394,19 @@ def test_learner_compiling_longer_than_the_heartbeat_timeout_is_not_taken_for_hu
     assert job_segments(job.name) == []
 
 
+def test_checkpoint_save_longer_than_the_heartbeat_timeout_is_not_taken_for_hung(fault_job):
+    # tests/fault_hooks/sitecustomize.py: every save blocks 4 s (a slow disk); the heartbeat
+    # timeout is 2.5 s. The periodic save at iteration 20 runs while the job is RUNNING.
+    job = fault_job(proc_env=hooks_env(FASTSAC_TEST_SLOW_SAVE_S="4"), checkpoint={"interval": 20},
+                    trainer={"num_iterations": 40, "async_options": {"heartbeat_timeout_s": 2.5}})
+    launcher = job.start()
+    assert job.wait(launcher, 60) == 0, job.diagnostics()
+    assert "hung" not in job.stdout(launcher) and "restarting" not in job.stdout(launcher)
+    saved = sorted(int(p.stem.split("_")[-1]) for p in job.run.glob("checkpoints/*.pt"))
+    assert 20 * 8 in saved and saved[-1] == 40 * 8, saved
+    assert job_segments(job.name) == []
+
+
 # --------------------------------------------------------------------------- 3. launcher killed
 
 @pytest.mark.parametrize("recovery", ["cleanup", "relaunch"])

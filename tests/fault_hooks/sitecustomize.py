@@ -1,21 +1,27 @@
-"""Test-only hook for tests/test_faults.py, active only with FASTSAC_TEST_SLOW_COMPILE_S set.
+"""Test-only hooks for tests/test_faults.py, active only with their environment variables set.
 
 With this directory on PYTHONPATH every Python process of a job imports it at start-up
-(`site` imports `sitecustomize`). When the learner then imports fastsac.learner_loop, FastSAC
-is patched to behave like `algo.compile: true` on CUDA: `agent.compiled` is True and the first
-critic-loss call blocks for FASTSAC_TEST_SLOW_COMPILE_S seconds, standing in for the one-off
-torch.compile that a CPU run never does. Nothing else changes.
+(`site` imports `sitecustomize`). When the learner then imports fastsac.learner_loop:
+
+* FASTSAC_TEST_SLOW_COMPILE_S: FastSAC is patched to behave like `algo.compile: true` on
+  CUDA: `agent.compiled` is True and the first critic-loss call blocks for that many seconds,
+  standing in for the one-off torch.compile that a CPU run never does.
+* FASTSAC_TEST_SLOW_SAVE_S: every checkpoint save first blocks for that many seconds,
+  standing in for large networks written to a slow disk.
+
+Nothing else changes.
 """
 import os
 
-_DELAY = float(os.environ.get("FASTSAC_TEST_SLOW_COMPILE_S") or 0)
+_COMPILE_DELAY = float(os.environ.get("FASTSAC_TEST_SLOW_COMPILE_S") or 0)
+_SAVE_DELAY = float(os.environ.get("FASTSAC_TEST_SLOW_SAVE_S") or 0)
 
-if _DELAY > 0:
+if _COMPILE_DELAY > 0 or _SAVE_DELAY > 0:
     import importlib.abc
     import sys
     import time
 
-    def _patch() -> None:
+    def _patch_slow_compile() -> None:
         from fastsac.algo import fastsac as algo
 
         original_init = algo.FastSAC.__init__
@@ -28,18 +34,32 @@ if _DELAY > 0:
             def slow_first_call(*a, **kw):
                 if first:
                     first.clear()
-                    time.sleep(_DELAY)
+                    time.sleep(_COMPILE_DELAY)
                 return critic_loss(*a, **kw)
 
             self._critic_loss = slow_first_call
 
         algo.FastSAC.__init__ = __init__
 
+    def _patch_slow_save() -> None:
+        from fastsac import learner_core
+
+        original_save = learner_core.save
+
+        def slow_save(*args, **kwargs):
+            time.sleep(_SAVE_DELAY)
+            return original_save(*args, **kwargs)
+
+        learner_core.save = slow_save
+
     class _PatchOnLearnerImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
             if name == "fastsac.learner_loop":
                 sys.meta_path.remove(self)
-                _patch()
+                if _COMPILE_DELAY > 0:
+                    _patch_slow_compile()
+                if _SAVE_DELAY > 0:
+                    _patch_slow_save()
             return None
 
     sys.meta_path.insert(0, _PatchOnLearnerImport())

@@ -107,9 +107,23 @@ def measure_round(cells, warmup, seconds):
         cell.end_round()
 
 
-def batched_cell(task, num_envs, threads):
+def batched_cell(task, num_envs, threads, physics="auto"):
+    """fastsac's env; physics="loop" forces the per-env MjData loop where mujoco.batch would step it."""
     env = make_env(task, num_envs, seed=0, num_threads=threads)
-    return _Cell("fastsac batched", threads, env, env.step, env.action_low, env.action_high, num_envs)
+    label = "fastsac batched"
+    if physics == "loop":
+        env.close()
+        env = type(env)(num_envs, seed=0, num_threads=threads, physics="loop")
+        label = "fastsac loop"
+    return _Cell(label, threads, env, env.step, env.action_low, env.action_high, num_envs)
+
+
+def uses_mujoco_batch(task) -> bool:
+    env = make_env(task, 1, seed=0)
+    try:
+        return type(env.physics).__name__ == "BatchPhysics"
+    finally:
+        env.close()
 
 
 class _PhysicsBoundCell(_Cell):
@@ -183,6 +197,8 @@ def main(argv=None) -> int:
                    help="interleaved rounds per cell; medians and round-by-round ratios are reported")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps per cell and round")
     p.add_argument("--no-gymnasium", action="store_true", help="skip the Gymnasium baseline")
+    p.add_argument("--with-loop", action="store_true",
+                   help="tasks stepped by mujoco.batch (HalfCheetah): also measure the per-env MjData loop")
     p.add_argument("--no-bound", action="store_true",
                    help="skip the physics-bound row (time in Gymnasium's MuJoCo calls alone: the ceiling)")
     args = p.parse_args(argv)
@@ -219,6 +235,8 @@ def main(argv=None) -> int:
                     cells = [] if args.no_gymnasium else [gymnasium_cell(task, n)]
                     cells += [] if args.no_bound else [_PhysicsBoundCell(task, n)]
                     cells += [batched_cell(task, n, t) for t in args.threads]
+                    if args.with_loop and uses_mujoco_batch(task):
+                        cells += [batched_cell(task, n, t, physics="loop") for t in args.threads]
                     try:
                         for _ in range(args.rounds):
                             measure_round(cells, args.warmup, args.seconds)

@@ -223,3 +223,41 @@ def test_no_compile_warning_spam(mujoco, tmp_path, monkeypatch, capfd):
     out, err = capfd.readouterr()
     assert "settotalmass" not in out + err
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def test_halfcheetah_mujoco_batch_is_bit_identical_to_the_loop(mujoco):
+    """HalfCheetah reads only qpos/qvel, so it is stepped by mujoco.batch (in C, no GIL): same
+    states, observations, rewards and resets as the per-env MjData loop, at any thread count."""
+    from fastsac.envs.mujoco_tasks import HalfCheetah
+    pytest.importorskip("mujoco.batch", reason="mujoco.batch needs mujoco>=4.0")
+    loop = HalfCheetah(5, seed=3, max_episode_steps=7, physics="loop")
+    batched = [HalfCheetah(5, seed=3, max_episode_steps=7, num_threads=t) for t in (1, 3)]
+    try:
+        assert type(loop.physics).__name__ == "LoopPhysics"
+        assert all(type(b.physics).__name__ == "BatchPhysics" for b in batched)
+        obs0 = loop.reset(3)[0]
+        for b in batched:
+            np.testing.assert_array_equal(b.reset(3)[0], obs0)
+        rng = np.random.default_rng(0)
+        for _ in range(16):  # two truncations: resets go through both backends
+            act = rng.uniform(-1.5, 1.5, (5, 6)).astype(np.float32)  # out of range too: clipped
+            ref = loop.step(act)
+            for b in batched:
+                r = b.step(act)
+                for f in ("obs", "reward", "terminated", "truncated", "final_obs"):
+                    np.testing.assert_array_equal(getattr(r, f), getattr(ref, f))
+                for i in range(5):
+                    for ours, theirs in zip(b.get_state(i), loop.get_state(i)):
+                        np.testing.assert_array_equal(ours, theirs)
+        qpos, qvel = loop.get_state(2)
+        np.testing.assert_array_equal(batched[0].set_state(4, qpos, qvel + 0.5), loop.set_state(4, qpos, qvel + 0.5))
+    finally:
+        for e in (loop, *batched):
+            e.close()
+
+
+def test_mujoco_batch_is_refused_for_tasks_that_read_derived_fields(mujoco):
+    from fastsac.envs.mujoco_tasks import Humanoid
+    with pytest.raises(ValueError, match="physics='batch' needs a state-only task"):
+        Humanoid(2, seed=0, physics="batch")
+    assert type(Humanoid(2, seed=0).physics).__name__ == "LoopPhysics"

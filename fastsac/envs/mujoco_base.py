@@ -1,22 +1,20 @@
 """Batched MuJoCo envs: many independent simulations of one model, stepped in C.
 
-Every env of a shard owns one `mujoco.MjData`; all share one `MjModel`. A step
-writes each env's controls, calls `mj_step(model, data, frame_skip)` (plus
-`mj_rnePostConstraint` for tasks that read contact forces) for every env, and
-copies the fields a task needs into batched numpy arrays; observations, rewards
-and terminations are then computed for the whole batch in numpy.
+Every env of a shard is one simulation of one shared `MjModel`. A step writes each env's
+controls and makes, for every env, Gymnasium's `MujocoEnv` (v5) calls: `mj_step(model, data,
+frame_skip)`, plus `mj_rnePostConstraint` for tasks that read contact forces. The fields a
+task needs then sit in batched numpy arrays (`self.f`), from which observations, rewards and
+terminations are computed for the whole batch in numpy.
 
-That is exactly the call sequence of Gymnasium's `MujocoEnv` (v5), so states,
-observations and rewards match a Gymnasium env stepped from the same state (up to
-the summation order of numpy reductions). The speed-up over Gymnasium's
-`SyncVectorEnv` comes from dropping its per-env Python: wrappers, info dicts,
-observation concatenation, per-env reward code.
+That is exactly Gymnasium's call sequence, so states, observations and rewards match a
+Gymnasium env stepped from the same state (up to the summation order of numpy reductions).
+The speed-up over Gymnasium's `SyncVectorEnv` comes from dropping its per-env Python:
+wrappers, info dicts, observation concatenation, per-env reward code.
 
-Threading: `num_threads` > 1 steps contiguous chunks of envs on a thread pool;
-MuJoCo releases the GIL inside `mj_step`, so physics runs in parallel and only the
-few microseconds of per-env Python (setting ctrl, copying fields) serialize.
-Results do not depend on the number of threads (each env is stepped by exactly the
-same calls on its own MjData).
+The stepping itself is a backend (fastsac/envs/mujoco_physics.py): MuJoCo 4's
+`mujoco.batch.Batch` (all envs in C, no GIL) for tasks that read only state fields, else a
+loop over one `MjData` per env on `num_threads` threads. Results do not depend on the backend
+or the number of threads.
 
 mujoco is an optional dependency: it is imported when an env is built, never when
 this module or the registry is imported. The model files come from the installed
@@ -30,13 +28,15 @@ import importlib
 import importlib.util
 import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
 
 from fastsac.config import ConfigError
 from fastsac.envs.base import StepResult, VecEnv, env_seed_sequence
+from fastsac.envs.mujoco_physics import BatchPhysics, LoopPhysics, mujoco_batch_module
+
+PHYSICS_BACKENDS = ("auto", "loop", "batch")
 
 # Warnings MuJoCo prints (to stderr, and appended to MUJOCO_LOG.TXT in the cwd) while
 # compiling Gymnasium's model files that say nothing about the simulation.
@@ -103,6 +103,9 @@ class MujocoVecEnv(VecEnv):
     A subclass sets the class attributes below (model file, frame skip, reset noise, the
     MjData fields it reads) and implements `_observe_rows`, `_pre_step` and
     `_reward_terminated` on the gathered batch fields (`self.f[name]`, float64 [N, ...]).
+
+    physics: "auto" steps with `mujoco.batch` when the task allows it (`state_only`) and the
+    installed MuJoCo has it, else with the per-env loop; "loop" / "batch" force one (tests).
     """
 
     env_name: str = ""
@@ -114,11 +117,16 @@ class MujocoVecEnv(VecEnv):
     rne_post_constraint: bool = True  # Gymnasium always calls it; only cfrc_ext/cacc/cfrc_int readers need it
     # name -> function(mjdata) -> view of the part of an MjData field the task reads
     fields: dict[str, Callable[[Any], np.ndarray]] = {}
+    # True: `fields` are whole MjData state fields under their own names (qpos, qvel, ...) and
+    # rne_post_constraint is False, so mujoco.batch can step the task
+    state_only: bool = False
 
     def __init__(self, num_envs: int, seed: int, first_env_id: int = 0,
-                 max_episode_steps: int = 0, num_threads: int = 1):
+                 max_episode_steps: int = 0, num_threads: int = 1, physics: str = "auto"):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if physics not in PHYSICS_BACKENDS:
+            raise ValueError(f"physics must be one of {PHYSICS_BACKENDS}, got {physics!r}")
         self._mj, self.model = load_gymnasium_model(self.env_name, self.xml_file)
         mj, m = self._mj, self.model
         self.num_envs = num_envs
@@ -129,28 +137,24 @@ class MujocoVecEnv(VecEnv):
         self.action_low = m.actuator_ctrlrange[:, 0].astype(np.float32)
         self.action_high = m.actuator_ctrlrange[:, 1].astype(np.float32)
         self._first_env_id = first_env_id
-        self._datas = [mj.MjData(m) for _ in range(num_envs)]
-        self.init_qpos = self._datas[0].qpos.copy()  # Gymnasium: data.qpos of a fresh MjData (= qpos0)
-        self.init_qvel = self._datas[0].qvel.copy()
-        self._ctrl_views = [d.ctrl for d in self._datas]
-        # per field: (batch buffer, list of per-env views into each MjData)
-        self.f: dict[str, np.ndarray] = {}
-        self._gather: list[tuple[np.ndarray, list[np.ndarray]]] = []
-        for name, get in self.fields.items():
-            views = [get(d) for d in self._datas]
-            buf = np.zeros((num_envs, *views[0].shape), np.float64)
-            self.f[name] = buf
-            self._gather.append((buf, views))
+        fresh = mj.MjData(m)
+        self.init_qpos = fresh.qpos.copy()  # Gymnasium: data.qpos of a fresh MjData (= qpos0)
+        self.init_qvel = fresh.qvel.copy()
         self._actions = np.zeros((num_envs, self.act_dim), np.float64)
         self.steps = np.zeros(num_envs, np.int64)
         self.num_threads = max(1, min(int(num_threads), num_envs))
-        self._pool: ThreadPoolExecutor | None = None
-        if self.num_threads > 1:
-            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=f"{self.env_name}-physics")
-            # a few chunks per thread: contact-rich envs cost more, small chunks balance the load
-            n_chunks = min(num_envs, 4 * self.num_threads)
-            bounds = np.linspace(0, num_envs, n_chunks + 1).astype(int)
-            self._chunks = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+        if self.state_only and self.rne_post_constraint:
+            raise TypeError(f"{type(self).__name__}: a state_only task cannot need mj_rnePostConstraint")
+        batch = mujoco_batch_module() if physics != "loop" and self.state_only else None
+        if physics == "batch" and batch is None:
+            raise ValueError(f"{self.env_name}: physics='batch' needs a state-only task and mujoco>=4.0 "
+                             f"(mujoco.batch); this is {'' if self.state_only else 'not '}a state-only task")
+        if batch is not None:
+            self.physics = BatchPhysics(mj, batch, m, num_envs, self.frame_skip, list(self.fields), self.num_threads)
+        else:
+            self.physics = LoopPhysics(mj, m, num_envs, self.frame_skip, self.rne_post_constraint, self.fields,
+                                       self.num_threads, f"{self.env_name}-physics")
+        self.f: dict[str, np.ndarray] = self.physics.f
         self._rngs: list[np.random.Generator] = []
         self.obs_dim = int(self._observe_rows(np.arange(1)).shape[1])
         self.reset(seed)
@@ -171,43 +175,22 @@ class MujocoVecEnv(VecEnv):
 
     # ------------------------------------------------------------------ physics
 
-    def _step_range(self, lo: int, hi: int) -> None:
-        mj, m, fs = self._mj, self.model, self.frame_skip
-        step, post = mj.mj_step, (mj.mj_rnePostConstraint if self.rne_post_constraint else None)
-        datas, ctrl, act = self._datas, self._ctrl_views, self._actions
-        for i in range(lo, hi):
-            d = datas[i]
-            ctrl[i][:] = act[i]
-            step(m, d, fs)
-            if post is not None:
-                post(m, d)
-        for buf, views in self._gather:
-            buf[lo:hi] = views[lo:hi]
-
     def _physics_step(self) -> None:
-        if self._pool is None:
-            self._step_range(0, self.num_envs)
-        else:
-            for fut in [self._pool.submit(self._step_range, lo, hi) for lo, hi in self._chunks]:
-                fut.result()
+        self.physics.step(self._actions)
 
     def _reset_envs(self, idx: np.ndarray) -> None:
-        """Gymnasium's MujocoEnv.reset + reset_model for each env in idx, then gather those rows."""
-        mj, m, s = self._mj, self.model, self.reset_noise_scale
+        """Gymnasium's MujocoEnv.reset + reset_model for each env in idx (same noise draws, same order)."""
+        s = self.reset_noise_scale
         nq, nv = self.init_qpos.size, self.init_qvel.size
-        for i in idx:
-            d, rng = self._datas[i], self._rngs[i]
-            mj.mj_resetData(m, d)
-            qpos = self.init_qpos + rng.uniform(low=-s, high=s, size=nq)
+        qpos, qvel = np.empty((len(idx), nq)), np.empty((len(idx), nv))
+        for row, i in enumerate(idx):
+            rng = self._rngs[i]
+            qpos[row] = self.init_qpos + rng.uniform(low=-s, high=s, size=nq)
             if self.qvel_noise == "uniform":
-                qvel = self.init_qvel + rng.uniform(low=-s, high=s, size=nv)
+                qvel[row] = self.init_qvel + rng.uniform(low=-s, high=s, size=nv)
             else:
-                qvel = self.init_qvel + s * rng.standard_normal(nv)
-            d.qpos[:] = qpos
-            d.qvel[:] = qvel
-            mj.mj_forward(m, d)
-        for buf, views in self._gather:
-            buf[idx] = [views[i] for i in idx]
+                qvel[row] = self.init_qvel + s * rng.standard_normal(nv)
+        self.physics.reset(idx, qpos, qvel)
         self.steps[idx] = 0
 
     # ------------------------------------------------------------------ VecEnv
@@ -241,23 +224,15 @@ class MujocoVecEnv(VecEnv):
 
     def get_state(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(qpos, qvel) copies of env i."""
-        d = self._datas[i]
-        return d.qpos.copy(), d.qvel.copy()
+        return self.physics.get_state(i)
 
     def set_state(self, i: int, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         """Put env i in state (qpos, qvel): mj_resetData, then what Gymnasium's MujocoEnv.set_state does
         (write qpos/qvel, mj_forward). Restarts its episode step count; returns its observation."""
-        mj, d = self._mj, self._datas[i]
-        mj.mj_resetData(self.model, d)
-        d.qpos[:] = qpos
-        d.qvel[:] = qvel
-        mj.mj_forward(self.model, d)
-        for buf, views in self._gather:
-            buf[i] = views[i]
+        idx = np.array([i])
+        self.physics.reset(idx, np.asarray(qpos, np.float64)[None], np.asarray(qvel, np.float64)[None])
         self.steps[i] = 0
-        return self._observe_rows(np.array([i]))[0].astype(np.float32)
+        return self._observe_rows(idx)[0].astype(np.float32)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self.physics.close()

@@ -10,7 +10,7 @@ same name (model file, frame_skip, reset noise, observation, reward, termination
   * the reset noise streams are keyed by (seed, global env id), not Gymnasium's
     per-env seed integers (same distributions, same draw order);
   * HalfCheetah skips mj_rnePostConstraint, which only computes quantities its
-    observation and reward never read.
+    observation and reward never read (so mujoco.batch can step it).
 """
 from __future__ import annotations
 
@@ -130,6 +130,7 @@ class HalfCheetah(MujocoVecEnv):
     forward_reward_weight = 1.0
     ctrl_cost_weight = 0.1
     rne_post_constraint = False
+    state_only = True   # stepped by mujoco.batch (in C, no GIL) where MuJoCo has it
     fields = {
         "qpos": lambda d: d.qpos,
         "qvel": lambda d: d.qvel,

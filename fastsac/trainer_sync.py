@@ -7,6 +7,7 @@ debug the algorithm. Checkpoints are interchangeable with the async learner's.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -42,7 +43,10 @@ def train_sync(cfg: Config) -> int:
     torch.set_flush_denormal(True)  # subnormal floats once made early updates 15x slower on CPU
     torch.manual_seed(cfg.seed)
     n = cfg.env.num_envs
-    env = make_env(cfg.env.name, n, seed=cfg.seed, first_env_id=0, max_episode_steps=cfg.env.max_episode_steps)
+    # stepping and learning alternate in this process: physics may use every CPU it can run on
+    # (results do not depend on the number of physics threads)
+    env = make_env(cfg.env.name, n, seed=cfg.seed, first_env_id=0, max_episode_steps=cfg.env.max_episode_steps,
+                   num_threads=len(os.sched_getaffinity(0)))
     spec = EnvSpec(env.obs_dim, env.critic_obs_dim, env.act_dim, env.max_episode_steps)
     agent, buffer = learner_core.build_agent(cfg, spec, env.action_low, env.action_high, device)
     env_steps = learner_core.restore(cfg, spec, agent)

@@ -37,6 +37,7 @@ import mmap
 import os
 import platform
 import secrets
+import socket
 import struct
 import sys
 import time
@@ -1269,6 +1270,7 @@ class ControlBlock(_SegmentHandle):
 
     def __init__(self, seg: _Segment, role: str, collector_id: int | None):
         self._seg, self.role, self.collector_id = seg, role, collector_id
+        self._launch_guard: socket.socket | None = None   # the creating launcher's, see _hold_launch_guard
         self.job = seg.header_value("job")
         self.incarnation = int(seg.header["incarnation"])
         self.num_collectors = int(seg.header["params"][0])
@@ -1316,12 +1318,18 @@ class ControlBlock(_SegmentHandle):
                 or not 1 <= num_collectors <= MAX_COLLECTORS:
             raise ShmLayoutError(f"num_collectors {num_collectors!r} is not valid; expected 1..{MAX_COLLECTORS}")
         info = _ctl_info(job, int(num_collectors))
-        if job_is_alive(job):
-            raise ShmLayoutError(f"job {job!r} is already running (launcher pid {_ctl_launcher_pid(job)} holds "
-                                 f"{info.name}); pick another job_name or stop it first")
-        removed = unlink_job_segments(job, force=True)
-        seg = _Segment.create(info, secrets.randbits(64), lock_byte=CTL_LAUNCHER_LOCK)
+        guard = _hold_launch_guard(job)
+        try:
+            if job_is_alive(job):
+                raise ShmLayoutError(f"job {job!r} is already running (launcher pid {_ctl_launcher_pid(job)} holds "
+                                     f"{info.name}); pick another job_name or stop it first")
+            removed = unlink_job_segments(job, force=True)
+            seg = _Segment.create(info, secrets.randbits(64), lock_byte=CTL_LAUNCHER_LOCK)
+        except BaseException:
+            guard.close()
+            raise
         ctl = cls(seg, "launcher", None)
+        ctl._launch_guard = guard
         ctl.removed_stale = removed
         ctl.launcher.update(launcher_pid=os.getpid(), started_ns=time.monotonic_ns())
         return ctl
@@ -1354,6 +1362,9 @@ class ControlBlock(_SegmentHandle):
             raise
 
     def close(self) -> None:
+        if self._launch_guard is not None:
+            self._launch_guard.close()
+            self._launch_guard = None
         self._col_rec = self._ing_rec = self._sup_rec = self._stats = self._stats_seq = []
         self.launcher = self.learner = None
         self._launcher = self._learner = self._collectors = self._ingest = self._supervisor = None
@@ -1629,6 +1640,30 @@ def format_stale_report(stale: list[StaleSegment]) -> str:
     for job in sorted({s.job for s in stale}):
         lines.append(f"remove with: python -m fastsac.shm_layout clean --job {job}")
     return "\n".join(lines)
+
+
+def _hold_launch_guard(job: str) -> socket.socket:
+    """Bind the abstract Unix socket "fastsac.launch.<job>": one launcher of a job at a time.
+
+    The control segment's lock says whether a launcher is alive, but a launch first removes
+    stale segments and then creates the control segment, and two launches started within
+    microseconds could both pass the liveness check and one remove the other's new segment.
+    Binding an abstract socket name is atomic, exists nowhere on disk, and the kernel drops it
+    when its holder exits, however it dies: the first launcher to bind owns the job until it
+    closes its control block. (The socket is not inherited by child processes.)
+    """
+    guard = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        guard.bind(f"\0fastsac.launch.{job}")
+    except OSError as exc:
+        guard.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise ShmLayoutError(f"job {job!r}: cannot take the launch lock: {exc}") from None
+        pid = _ctl_launcher_pid(job) if job_is_alive(job) else -1
+        holder = f"launcher pid {pid}" if pid > 0 else "another launcher of it is starting"
+        raise ShmLayoutError(f"job {job!r} is already running ({holder}); pick another job_name or "
+                             "stop it first") from None
+    return guard
 
 
 def _replace_if_stale(info: SegmentInfo) -> None:

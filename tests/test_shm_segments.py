@@ -269,6 +269,32 @@ def test_leftovers_of_an_earlier_launch_are_stale_and_replaced(job_name):
         ctl.close()
 
 
+def test_a_launcher_that_is_still_starting_keeps_a_second_launch_out(job_name):
+    """Two launches of one job within microseconds: the second must not remove the first's
+    brand-new control block as "stale". The launch guard (an abstract Unix socket) decides."""
+    import socket
+    L.TransitionRing.create(job_name, 0, SPEC, INC).close()  # a stale leftover a launch would remove
+    starting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    starting.bind(f"\0fastsac.launch.{job_name}")   # a first launcher between its guard and its segment
+    try:
+        with pytest.raises(L.ShmLayoutError,
+                           match=rf"^job '{job_name}' is already running \(another launcher of it is starting\)"):
+            L.ControlBlock.create(job_name, 1)
+        assert not os.path.exists(f"/dev/shm/{L.ctl_name(job_name).lstrip('/')}")  # nothing created...
+        assert [s.name for s in L.find_stale_segments(job_name)] == [L.ring_name(job_name, 0)]  # ...or removed
+    finally:
+        starting.close()
+    ctl = L.ControlBlock.create(job_name, 1)  # the guard is free again
+    try:
+        with pytest.raises(L.ShmLayoutError, match=rf"already running \(launcher pid {os.getpid()}\)"):
+            L.ControlBlock.create(job_name, 1)
+    finally:
+        ctl.unlink()
+        ctl.close()
+    L.ControlBlock.create(job_name, 1).close()  # close() released it
+    L.unlink_job_segments(job_name)
+
+
 def test_create_or_attach_is_what_a_restarting_collector_needs(job_name):
     ctl = L.ControlBlock.create(job_name, 1)
     try:

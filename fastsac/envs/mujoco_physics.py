@@ -13,8 +13,8 @@ bit-identical between the backends and at any thread count (tested).
   thread pool without the GIL. It keeps each env's state as a row and one `MjData` per
   thread, so only state fields (qpos, qvel, ...) are meaningful after a step and nothing can
   run between `mj_step` and the copy-out: it serves tasks that read state fields only and
-  need no `mj_rnePostConstraint` (HalfCheetah). Measured on 2 cores for HalfCheetah: 1.17x
-  the loop with one thread, 2.1x with two.
+  need no `mj_rnePostConstraint` (HalfCheetah). Measured on 2 cores for HalfCheetah: 1.2x
+  the loop with one thread, 2.0-2.2x the loop with two (docs/performance.md).
 
 Each backend exposes `f` (field name -> float64 [N, ...] array, current after `step` and
 `reset`) and `step(ctrl)`, `reset(idx, qpos, qvel)`, `get_state(i)`, `close()`.

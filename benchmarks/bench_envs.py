@@ -17,6 +17,7 @@ largest per-core speed-up over Gymnasium any implementation with Gymnasium's phy
 
     .venv/bin/python benchmarks/bench_envs.py                      # 3 tasks x 256, 1024 envs x 1, 2 threads
     .venv/bin/python benchmarks/bench_envs.py --tasks humanoid --num-envs 256 --threads 1 2 --seconds 3
+    .venv/bin/python benchmarks/bench_envs.py --tasks halfcheetah --with-loop   # mujoco.batch vs the per-env loop
 
 Needs the optional extra (pip install 'fastsac[mujoco]') and imageio for Gymnasium's
 MuJoCo envs (pip install 'gymnasium[mujoco]').

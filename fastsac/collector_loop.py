@@ -67,8 +67,10 @@ class Collector:
         import torch
         torch.manual_seed(cfg.seed + self.cid)
         self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation])
-        log(role, f"envs {self.env_first}..{self.env_first + self.n - 1} of {cfg.env.name}, ring capacity "
-                  f"{spec.capacity}, policy on {self.device}, incarnation {self.incarnation}")
+        stepping = env.describe_stepping()
+        log(role, f"envs {self.env_first}..{self.env_first + self.n - 1} of {cfg.env.name}"
+                  f"{f' ({stepping})' if stepping else ''}, ring capacity {spec.capacity}, policy on {self.device}, "
+                  f"incarnation {self.incarnation}")
 
     # ------------------------------------------------------------------ liveness
     def _should_stop(self, stop: dict) -> str | None:

@@ -62,7 +62,9 @@ def train_sync(cfg: Config) -> int:
     run_start, run_start_it = time.perf_counter(), start_it
     metrics: dict = {}
     rows = slice(0, n)
-    log.line(f"fastsac sync: {cfg.env.name} x{n} envs on {device}, iterations {start_it}..{cfg.trainer.num_iterations}")
+    stepping = env.describe_stepping()
+    log.line(f"fastsac sync: {cfg.env.name} x{n} envs{f' ({stepping})' if stepping else ''} on {device}, "
+             f"iterations {start_it}..{cfg.trainer.num_iterations}")
     it = start_it
     for it in range(start_it, cfg.trainer.num_iterations):
         if stop.requested:

@@ -55,6 +55,11 @@ class VecEnv:
     def close(self) -> None:
         pass
 
+    def describe_stepping(self) -> str:
+        """How the envs are stepped, for the start-up log line (e.g. "mujoco.batch on 2 threads");
+        "" when there is nothing to say."""
+        return ""
+
 
 def env_seed_sequence(seed: int, first_env_id: int, num_envs: int) -> list[np.random.SeedSequence]:
     """One independent SeedSequence per *global* env id.

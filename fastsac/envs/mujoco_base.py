@@ -234,5 +234,9 @@ class MujocoVecEnv(VecEnv):
         self.steps[i] = 0
         return self._observe_rows(idx)[0].astype(np.float32)
 
+    def describe_stepping(self) -> str:
+        how = "mujoco.batch" if isinstance(self.physics, BatchPhysics) else "per-env MjData loop"
+        return f"{how} on {self.num_threads} thread{'s' if self.num_threads > 1 else ''}"
+
     def close(self) -> None:
         self.physics.close()

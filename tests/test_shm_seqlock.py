@@ -100,8 +100,33 @@ def _is_torn(out: np.ndarray, version: int) -> bool:
     return not (out == version % 4 + 1).all()
 
 
-def test_cross_process_no_torn_snapshot_accepted_and_negative_control(job_name, procs):
+class _NumpyWithStalledCopies:
+    """shm_layout's `np`, except that every other `copyto` stalls 1 ms halfway through.
+
+    A reader that starts a copy in one of the writer's bursts is then overtaken by two versions
+    for certain, on any machine and under any load; without the stall, whether copies get
+    overtaken at all depends on how the two processes happen to be scheduled (a loaded 2-core
+    CI machine once produced no torn copy in 20 s, and the negative control failed)."""
+
+    def __init__(self):
+        self._calls = 0
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def copyto(self, dst, src, *args, **kwargs):
+        self._calls += 1
+        if self._calls % 2 or args or kwargs or dst.ndim != 1 or src.ndim != 1:
+            return np.copyto(dst, src, *args, **kwargs)
+        half = dst.size // 2
+        np.copyto(dst[:half], src[:half])
+        time.sleep(0.001)
+        np.copyto(dst[half:], src[half:])
+
+
+def test_cross_process_no_torn_snapshot_accepted_and_negative_control(job_name, procs, monkeypatch):
     ctx = mp.get_context("spawn")
+    monkeypatch.setattr(L, "np", _NumpyWithStalledCopies())
     reader = L.WeightSnapshot.create(job_name, 0, NUMEL_4MB, INC)
     stop, ready = ctx.Event(), ctx.Event()
     p = procs(writer_main, job_name, NUMEL_4MB, stop, ready)

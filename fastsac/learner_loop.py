@@ -76,16 +76,12 @@ class CollectorFeed:
         self.host = torch.empty((max_slots, nbytes), dtype=torch.uint8, pin_memory=cuda)
         self.dev = torch.empty((max_slots, nbytes), dtype=torch.uint8, device=device) if cuda else self.host
         self.copy_done = torch.cuda.Event() if cuda else None
-        host_np = self.host.numpy()
-        self.host_views = []   # per staging index: {field: numpy view}
+        self.host_np = self.host.numpy()  # the staging buffer TransitionRing.copy_out fills
         self.dev_views = {}    # field: device tensor [max_slots, *shape]
-        fields = [f for f in spec.slot_fields() if f.name != "header"]  # header values travel as python ints
-        for f in fields:
-            self.dev_views[f.name] = (self.dev[:, f.offset:f.offset + f.nbytes].view(_TORCH_DTYPES[f.dtype])
-                                      .unflatten(1, f.shape))
-        for j in range(max_slots):
-            self.host_views.append({f.name: host_np[j, f.offset:f.offset + f.nbytes].view(f.dtype).reshape(f.shape)
-                                    for f in fields})
+        for f in spec.slot_fields():
+            if f.name != "header":  # header values travel as python ints
+                self.dev_views[f.name] = (self.dev[:, f.offset:f.offset + f.nbytes].view(_TORCH_DTYPES[f.dtype])
+                                          .unflatten(1, f.shape))
         self.last_incarnation = None
         self.last_slot_version = 0
         self.ingested_slots = 0
@@ -114,31 +110,15 @@ class CollectorFeed:
         Returns per slot (num_final, weight_version, incarnation). The ring's read cursor is
         released only after the data is out of shared memory.
         """
-        if self.ring is None:
-            return []
-        views = self.ring.peek(min(max_slots, self.max_slots))
-        if not views:
+        if self.ring is None or self.ring.available() == 0:
             return []
         if self.copy_done is not None:
             self.copy_done.synchronize()  # the previous host->device copy must be done before we overwrite
-        meta = []
-        for j, v in enumerate(views):
-            st = self.host_views[j]
-            nf = int(v.num_final)
-            np.copyto(st["obs"], v.obs)
-            np.copyto(st["actions"], v.actions)
-            np.copyto(st["rewards"], v.rewards)
-            np.copyto(st["terminated"], v.terminated)
-            np.copyto(st["truncated"], v.truncated)
-            if v.critic_obs is not None:
-                np.copyto(st["critic_obs"], v.critic_obs)
-            if nf:  # sparse: only the rows of envs whose episode ended
-                st["final_idx"][:nf] = v.final_idx[:nf]
-                st["final_obs"][:nf] = v.final_obs[:nf]
-                if v.final_critic_obs is not None:
-                    st["final_critic_obs"][:nf] = v.final_critic_obs[:nf]
-            meta.append((nf, int(v.weight_version), int(v.incarnation)))
-        k = len(views)
+        # the dense part of all k slots in <= 2 strided copies, of the sparse part only num_final rows
+        k = self.ring.copy_out(self.host_np, min(max_slots, self.max_slots))
+        hdr = shm.staged_headers(self.host_np, k)
+        meta = [(int(h[shm.HDR["num_final"]]), int(h[shm.HDR["weight_version"]]), int(h[shm.HDR["incarnation"]]))
+                for h in hdr]
         self.ring.release(k)
         if self.copy_done is not None:
             self.dev[:k].copy_(self.host[:k], non_blocking=True)

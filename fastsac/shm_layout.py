@@ -521,6 +521,13 @@ def _reserve(fd: int, info: SegmentInfo, nbytes: int) -> None:
 
 SLOT_HEADER_FIELDS = ("weight_version", "env_step", "num_final", "incarnation", "produced_ns", "seq")
 SLOT_HEADER_NBYTES = CACHE_LINE  # int64[8]; unused entries reserved
+HDR = {name: i for i, name in enumerate(SLOT_HEADER_FIELDS)}  # index of each header value
+
+
+def staged_headers(staging: np.ndarray, k: int) -> np.ndarray:
+    """int64 [k, 8] view of the slot headers of the first k rows of a copy_out() staging buffer
+    (columns: HDR[name])."""
+    return staging[:k, :SLOT_HEADER_NBYTES].view(np.int64)
 
 # Ring control lines (offsets in the segment). One int64 each, each on its own cache line.
 RING_WRITE_CURSOR = HEADER_NBYTES + 0 * CACHE_LINE   # writer: producer (collector)
@@ -885,8 +892,9 @@ class TransitionRing(_SegmentHandle):
             np.copyto(staging[done:done + len(run), :dn], run[:, :dn])
             done += len(run)
         sparse = [f for f in sp.slot_fields() if f.offset >= dn]
+        num_final = staged_headers(staging, k)[:, HDR["num_final"]]  # from the copied headers
         for j, slot in enumerate(self.peek(k)):
-            nf = int(staging[j, :SLOT_HEADER_NBYTES].view(np.int64)[2])  # num_final from the copied header
+            nf = int(num_final[j])
             if nf == 0:  # the common case: no episode ended at this step
                 continue
             for f in sparse:

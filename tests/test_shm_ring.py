@@ -394,3 +394,40 @@ def test_close_with_live_views_keeps_memory_valid(job_name):
     slot.obs[:] = 1.0
     assert (slot.obs == 1.0).all()
     del slot
+
+
+def test_learner_feed_stages_slots_with_their_headers_and_final_rows(job_name):
+    """The learner's drain (CollectorFeed.stage -> slot): copy_out into its staging, the header
+    values per slot, only num_final final rows, across the ring's wrap-around."""
+    import torch
+    from fastsac.learner_loop import CollectorFeed
+    prod = L.TransitionRing.create(job_name, 0, SMALL, INC)
+    L.WeightSnapshot.create(job_name, 0, 8, INC).close()
+    feed = CollectorFeed(job_name, 0, 0, SMALL.num_envs, SMALL, 8, torch.device("cpu"), max_slots=5)
+    try:
+        assert feed.stage(5) == []                     # not attached yet
+        assert feed.try_attach()
+        k = 0
+        for batch in (3, 7, 12):                       # 22 slots through a 16-slot ring: wraps
+            for _ in range(batch):
+                assert prod.try_push(**stamped(SMALL, k))
+                k += 1
+            first = k - batch
+            while batch:
+                meta = feed.stage(5)
+                assert 0 < len(meta) <= 5
+                for j, (nf, version, incarnation) in enumerate(meta):
+                    exp = stamped(SMALL, first + j)
+                    assert (nf, version, incarnation) == (len(exp["final_idx"]), (first + j) // 7, 3)
+                    s = feed.slot(j, nf)
+                    for name in ("obs", "critic_obs", "actions", "rewards", "final_idx", "final_obs",
+                                 "final_critic_obs"):
+                        np.testing.assert_array_equal(s[name].numpy(), exp[name], err_msg=name)
+                    np.testing.assert_array_equal(s["terminated"].numpy(), exp["terminated"])
+                    np.testing.assert_array_equal(s["truncated"].numpy(), exp["truncated"])
+                first += len(meta)
+                batch -= len(meta)
+            assert feed.ring.available() == 0          # released after the copy
+    finally:
+        feed.close()
+        prod.close()

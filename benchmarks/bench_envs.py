@@ -36,7 +36,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fastsac.envs.registry import make_env  # noqa: E402
+from fastsac.envs.mujoco_physics import mujoco_batch_module  # noqa: E402
+from fastsac.envs.registry import env_class, make_env  # noqa: E402
 
 GYM_IDS = {"humanoid": "Humanoid-v5", "ant": "Ant-v5", "halfcheetah": "HalfCheetah-v5"}
 
@@ -110,21 +111,13 @@ def measure_round(cells, warmup, seconds):
 
 def batched_cell(task, num_envs, threads, physics="auto"):
     """fastsac's env; physics="loop" forces the per-env MjData loop where mujoco.batch would step it."""
-    env = make_env(task, num_envs, seed=0, num_threads=threads)
-    label = "fastsac batched"
-    if physics == "loop":
-        env.close()
-        env = type(env)(num_envs, seed=0, num_threads=threads, physics="loop")
-        label = "fastsac loop"
+    env = env_class(task)(num_envs, seed=0, num_threads=threads, physics=physics)
+    label = "fastsac loop" if physics == "loop" else "fastsac batched"
     return _Cell(label, threads, env, env.step, env.action_low, env.action_high, num_envs)
 
 
 def uses_mujoco_batch(task) -> bool:
-    env = make_env(task, 1, seed=0)
-    try:
-        return type(env.physics).__name__ == "BatchPhysics"
-    finally:
-        env.close()
+    return env_class(task).state_only and mujoco_batch_module() is not None
 
 
 class _PhysicsBoundCell(_Cell):

@@ -127,8 +127,8 @@ class MujocoVecEnv(VecEnv):
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if physics not in PHYSICS_BACKENDS:
             raise ValueError(f"physics must be one of {PHYSICS_BACKENDS}, got {physics!r}")
-        self._mj, self.model = load_gymnasium_model(self.env_name, self.xml_file)
-        mj, m = self._mj, self.model
+        mj, self.model = load_gymnasium_model(self.env_name, self.xml_file)
+        m = self.model
         self.num_envs = num_envs
         self.max_episode_steps = max_episode_steps or self.default_max_episode_steps
         self.dt = float(m.opt.timestep) * self.frame_skip

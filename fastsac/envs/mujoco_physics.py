@@ -37,7 +37,7 @@ class LoopPhysics:
         self._rne_post = rne_post_constraint
         self._datas = [mj.MjData(model) for _ in range(num_envs)]
         self._ctrl_views = [d.ctrl for d in self._datas]
-        self._ctrl = np.zeros((num_envs, model.nu), np.float64)
+        self._ctrl: np.ndarray | None = None  # the controls of the step in progress (read by every thread)
         # per field: (batch buffer, list of per-env views into each MjData)
         self.f: dict[str, np.ndarray] = {}
         self._gather: list[tuple[np.ndarray, list[np.ndarray]]] = []
@@ -68,7 +68,7 @@ class LoopPhysics:
             buf[lo:hi] = views[lo:hi]
 
     def step(self, ctrl: np.ndarray) -> None:
-        self._ctrl[:] = ctrl
+        self._ctrl = ctrl
         if self._pool is None:
             self._step_range(0, self.num_envs)
         else:
@@ -104,7 +104,7 @@ class BatchPhysics:
     """
 
     def __init__(self, mj, batch_module, model, num_envs: int, frame_skip: int, field_names, num_threads: int):
-        self.model, self.frame_skip = model, frame_skip
+        self.frame_skip = frame_skip
         self._no_stage = int(mj.mjtStage.mjSTAGE_NONE)
         self._batch = batch_module.Batch(model, num_envs, nthread=num_threads)
         self._ctrl = self._batch.bind("ctrl")

@@ -55,7 +55,8 @@ def check_env_name(name: str) -> None:
                           "or package.module:ClassName for your own VecEnv)")
 
 
-def _env_class(name: str):
+def env_class(name: str):
+    """The VecEnv class behind an env.name (imported on demand)."""
     check_env_name(name)
     if name.startswith(GYMNASIUM_PREFIX):
         from fastsac.envs.gymnasium_adapter import GymnasiumVecEnv
@@ -72,7 +73,7 @@ def _env_class(name: str):
 def make_env(name: str, num_envs: int, seed: int, first_env_id: int = 0,
              max_episode_steps: int = 0, num_threads: int = 1):
     """Build a VecEnv for the global env ids [first_env_id, first_env_id + num_envs)."""
-    cls = _env_class(name)
+    cls = env_class(name)
     kwargs = dict(num_envs=num_envs, seed=seed, first_env_id=first_env_id,
                   max_episode_steps=max_episode_steps, num_threads=num_threads)
     if name.startswith(GYMNASIUM_PREFIX):

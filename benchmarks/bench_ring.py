@@ -133,7 +133,8 @@ def bench_ring(spec: L.RingSpec, final_frac: float, seconds: float, zero_copy: b
             raise RuntimeError("producer did not start")
         cons = L.TransitionRing.attach(job, 0, spec, "consumer")
         k = spec.capacity
-        staging = np.ones((k, spec.slot_nbytes), np.uint8)  # pre-faulted, like a pinned buffer
+        # pre-faulted, like a pinned buffer: the learner's dense rows and packed final rows
+        dense, finals = np.ones((k, spec.dense_nbytes), np.uint8), np.ones(k * spec.slot_nbytes, np.uint8)
         slots, copy_s, t0 = 0, 0.0, time.perf_counter()
         measuring = False
         while True:
@@ -146,7 +147,7 @@ def bench_ring(spec: L.RingSpec, final_frac: float, seconds: float, zero_copy: b
                 time.sleep(0)
                 continue
             t = time.perf_counter()
-            n = cons.copy_out(staging, k)
+            n, _ = cons.copy_out(dense, finals, k)
             copy_s += time.perf_counter() - t
             cons.release(n)
             slots += n

@@ -9,13 +9,18 @@ import numpy as np
 from fastsac import shm_layout as shm
 from fastsac.algo.policy import InferencePolicy
 from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.envs.base import reset_seed
 from fastsac.envs.registry import make_env
+from fastsac.job_settings import check_against_job
 from fastsac.episodes import EpisodeTracker
 from fastsac.process_setup import fail, log, resolve_device
 
 
 STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
 LIVENESS_INTERVAL_S = 0.5    # how often the launcher/learner liveness is checked
+# A publish takes ~1 ms (4 MB): newer weights that stay unloadable this long mean the snapshot
+# itself is broken (e.g. its seq corrupted); the collector then flags it in its record.
+SNAPSHOT_STUCK_S = 1.0
 
 
 class StageTimer:
@@ -41,6 +46,8 @@ class Collector:
         self.cfg, self.cid, self.ao = cfg, me.collector_id, cfg.trainer.async_options
         self.ctl = shm.ControlBlock.attach(cfg.job_name, role="collector", collector_id=me.collector_id,
                                            num_collectors=self.ao.num_collectors)
+        # Before touching anything shared: a collector started by hand with another config is refused.
+        check_against_job(self.ctl, cfg, ctx.plan, f"collector {me.collector_id}")
         self.rec = self.ctl.collector(me.collector_id)
         self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed, first_env_id=me.env_first,
                             max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
@@ -51,7 +58,9 @@ class Collector:
         job_incarnation = self.ctl.incarnation
         # Created here, under this process's binding, the pages land on our node; a restart
         # re-attaches instead and unread slots survive.
-        self.ring = shm.TransitionRing.create_or_attach(cfg.job_name, self.cid, spec, job_incarnation)
+        # A ring the learner dropped as faulty is replaced, not continued.
+        self.ring = shm.TransitionRing.create_or_attach(cfg.job_name, self.cid, spec, job_incarnation,
+                                                        replace=bool(self.ctl.ingest(self.cid)["dropped"]))
         numel = policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo)
         self.snapshot = shm.WeightSnapshot.create_or_attach(cfg.job_name, self.cid, numel, job_incarnation)
         self.flat = np.zeros(numel, np.float32)
@@ -64,9 +73,8 @@ class Collector:
         self.rec.update(pid=os.getpid(), incarnation=self.incarnation, state=int(shm.ProcState.STARTING),
                         started_ns=time.monotonic_ns(), heartbeat_ns=time.monotonic_ns())
         self.weight_version = 0
-        import torch
-        torch.manual_seed(cfg.seed + self.cid)
-        self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation])
+        self.learner_version_at_load = 0   # the learner's publish count when we last loaded weights
+        self.stuck_since_ns = 0
         stepping = env.describe_stepping()
         log(role, f"envs {self.env_first}..{self.env_first + self.n - 1} of {cfg.env.name}"
                   f"{f' ({stepping})' if stepping else ''}, ring capacity {spec.capacity}, policy on {self.device}, "
@@ -94,11 +102,53 @@ class Collector:
             raise CollectorError(f"the learner's heartbeat is {age:.0f}s old (heartbeat_timeout_s="
                                  f"{self.ao.heartbeat_timeout_s:g})")
 
+    def _wait_for_learner(self, stop: dict) -> int | None:
+        """The learner's start env steps (a resumed run: the checkpoint's), once it is set up;
+        None when the job stops first."""
+        while self.ctl.learner["state"] == shm.ProcState.EMPTY:
+            if self._should_stop(stop):
+                return None
+            if not shm.job_is_alive(self.cfg.job_name):
+                self.rec["state"] = int(shm.ProcState.FAILED)
+                fail(self.role, "the launcher of this job is gone (its lock on the control segment was released)")
+            self.rec["heartbeat_ns"] = time.monotonic_ns()
+            time.sleep(0.02)
+        return self.ctl.learner["start_env_steps"]
+
+    def _poll_weights(self) -> bool:
+        """Load newer weights if the snapshot has them (non-blocking); True when loaded."""
+        version = self.snapshot.try_load(self.flat, self.weight_version)
+        if version is not None:
+            self.policy.load_flat(self.flat)
+            self.weight_version = version
+            self.learner_version_at_load = self.ctl.learner["weight_version"]
+            self.rec["loaded_weight_version"] = version
+            if self.stuck_since_ns:
+                self.stuck_since_ns = 0
+                self.rec["snapshot_stuck_ns"] = 0
+            return True
+        if self.ctl.learner["weight_version"] > self.learner_version_at_load:  # newer weights exist
+            now = time.monotonic_ns()
+            if not self.stuck_since_ns:
+                self.stuck_since_ns = now
+            elif now - self.stuck_since_ns > SNAPSHOT_STUCK_S * 1e9 and not self.rec["snapshot_stuck_ns"]:
+                self.rec["snapshot_stuck_ns"] = self.stuck_since_ns
+                log(self.role, f"weight snapshot unreadable for {SNAPSHOT_STUCK_S:g}s although the learner "
+                               "published newer weights (seq stuck?); reported to the learner")
+        return False
+
     # ------------------------------------------------------------------ main loop
     def run(self, stop: dict) -> int:
         cfg, env, ring, n = self.cfg, self.env, self.ring, self.n
-        # Distinct env streams per incarnation: a restart does not replay the same episodes.
-        obs, critic_obs = env.reset(cfg.seed + 7919 * (self.incarnation - 1))
+        start_env_steps = self._wait_for_learner(stop)
+        if start_env_steps is None:
+            self.rec["state"] = int(shm.ProcState.EXITED)
+            return 0
+        import torch
+        torch.manual_seed(cfg.seed + self.cid)
+        self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation, start_env_steps])
+        # Distinct env streams per incarnation and per resume: neither replays the same episodes.
+        obs, critic_obs = env.reset(reset_seed(cfg.seed, self.incarnation - 1, start_env_steps))
         # The policy acts once weights arrived and learning_starts batches were collected, by this
         # collector or before (a resumed job: the learner's env_steps start at the checkpoint's).
         learned_batches = 0
@@ -131,11 +181,7 @@ class Collector:
                 continue
             backoff = 0.0
             if steps % self.ao.weight_poll_interval == 0:
-                version = self.snapshot.try_load(self.flat, self.weight_version)
-                if version is not None:
-                    self.policy.load_flat(self.flat)
-                    self.weight_version = version
-                    self.rec["loaded_weight_version"] = version
+                if self._poll_weights():
                     learned_batches = self.ctl.learner["env_steps"] // cfg.env.num_envs
                 t0 = timer.add("sync", t0)
             if self.weight_version == 0 or max(steps, learned_batches) < cfg.algo.learning_starts:

@@ -89,6 +89,9 @@ class AsyncOptions:
     cpus_per_collector: int = _f(0, min=0, help="CPUs per collector inside a node; 0 = the node's CPUs shared evenly")
     learner_numa_node: int = _f(-1, min=-1, help="-1 = the GPU's node (node 0 when unknown)")
     manual_collectors: list[int] = _f(default_factory=list, help="collector ids the launcher leaves for a person to start")
+    collector_wait_s: float = _f(600.0, min=0.0, min_exclusive=True,
+                                 help="the learner holds the job (no env step counts) until every planned collector, "
+                                      "manual ones included, attached once; fail after this long")
     max_restarts: int = _f(3, min=0, help="restarts per collector before the job stops")
     restart_backoff_s: float = _f(1.0, min=0.0, help="delay before a restart; doubles with each restart")
     restart_reset_s: float = _f(600.0, min=0.0, min_exclusive=True,

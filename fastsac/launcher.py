@@ -127,6 +127,7 @@ def print_plan(plan, as_json: bool) -> int:
 
 def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
     from fastsac import shm_layout as shm
+    from fastsac.job_settings import job_settings
     from fastsac.supervisor import Supervisor
     job = cfg.job_name
     try:
@@ -138,7 +139,10 @@ def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
         if stale:  # their creator is provably dead (lock released / pid gone / other boot)
             print(f"fastsac-launch: removing stale segments of an earlier launch:\n{shm.format_stale_report(stale)}",
                   file=sys.stderr)
-        ctl = shm.ControlBlock.create(job, cfg.trainer.async_options.num_collectors)
+        ctl = shm.ControlBlock.create(job, cfg.trainer.async_options.num_collectors, job_settings(cfg, plan))
+    except shm.LaunchLockError as exc:   # someone else's launch holds the job: not a failure to retry
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except shm.ShmLayoutError as exc:
         print(f"fastsac-launch: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -33,17 +33,18 @@ import enum
 import errno
 import fcntl
 import functools
+import json
 import mmap
 import os
 import platform
 import secrets
-import socket
+import stat
 import struct
 import sys
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import posix_ipc
@@ -52,7 +53,7 @@ from fastsac.config import JOB_NAME_RE
 
 # --------------------------------------------------------------------------- constants
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 MAGIC = int.from_bytes(b"FASTSAC1", "little")  # written LAST at creation: 0 = not ready
 SHM_DIR = "/dev/shm"
 PREFIX = "fastsac"
@@ -305,8 +306,10 @@ class _Segment:
     # ---- creation
 
     @classmethod
-    def create(cls, info: SegmentInfo, incarnation: int, lock_byte: int | None) -> "_Segment":
-        """shm_open(O_EXCL) -> lock -> reserve (fallocate) -> map -> pre-fault -> header, magic last."""
+    def create(cls, info: SegmentInfo, incarnation: int, lock_byte: int | None,
+               init: "Callable[[_Segment], None] | None" = None) -> "_Segment":
+        """shm_open(O_EXCL) -> lock -> reserve (fallocate) -> map -> pre-fault -> init(seg) -> header,
+        magic last (so what init writes is in place before anyone can attach)."""
         name, nbytes = info.name, info.total_nbytes
         free = shm_free_bytes()
         if nbytes > free:  # fail before touching anything (a partial fallocate would squeeze others)
@@ -328,6 +331,8 @@ class _Segment:
             # allocates at fallocate time): that is the first touch deciding NUMA placement.
             # Pre-fault the page tables too, so the first pass does not run at page-fault speed.
             seg.prefault(zero_fallback=True)
+            if init is not None:
+                init(seg)
             seg._write_header(info, incarnation)
         except BaseException:
             _unlink_quiet(name)
@@ -524,10 +529,10 @@ SLOT_HEADER_NBYTES = CACHE_LINE  # int64[8]; unused entries reserved
 HDR = {name: i for i, name in enumerate(SLOT_HEADER_FIELDS)}  # index of each header value
 
 
-def staged_headers(staging: np.ndarray, k: int) -> np.ndarray:
-    """int64 [k, 8] view of the slot headers of the first k rows of a copy_out() staging buffer
+def staged_headers(dense: np.ndarray, k: int) -> np.ndarray:
+    """int64 [k, 8] view of the slot headers of the first k rows copied out by copy_out()
     (columns: HDR[name])."""
-    return staging[:k, :SLOT_HEADER_NBYTES].view(np.int64)
+    return dense[:k, :SLOT_HEADER_NBYTES].view(np.int64)
 
 # Ring control lines (offsets in the segment). One int64 each, each on its own cache line.
 RING_WRITE_CURSOR = HEADER_NBYTES + 0 * CACHE_LINE   # writer: producer (collector)
@@ -625,6 +630,23 @@ class RingSpec:
             if f.name == name:
                 return f
         raise KeyError(name)
+
+    @functools.cached_property
+    def _sparse_fields(self) -> tuple[tuple[SlotField, int], ...]:
+        """(field, bytes per env row) of the fields after dense_nbytes (final_idx, final_obs, ...)."""
+        return tuple((f, f.nbytes // self.num_envs) for f in self.slot_fields() if f.offset >= self.dense_nbytes)
+
+    def final_rows_layout(self, num_final: int) -> tuple[tuple[SlotField, int, int], ...]:
+        """How copy_out packs a slot's first num_final rows of each sparse field: (field, offset in the
+        packed piece, bytes), each 64-byte aligned. The piece's size is final_rows_nbytes(num_final)."""
+        out, off = [], 0
+        for f, row in self._sparse_fields:
+            out.append((f, off, num_final * row))
+            off = _align(off + num_final * row)
+        return tuple(out)
+
+    def final_rows_nbytes(self, num_final: int) -> int:
+        return sum(_align(num_final * row) for _, row in self._sparse_fields)
 
     def slot_dtype(self) -> np.dtype:
         """A numpy structured dtype with the slot's exact layout (itemsize == slot_nbytes)."""
@@ -735,12 +757,28 @@ class TransitionRing(_SegmentHandle):
         return ring
 
     @classmethod
-    def create_or_attach(cls, job: str, collector_id: int, spec: RingSpec, incarnation: int) -> "TransitionRing":
+    def create_or_attach(cls, job: str, collector_id: int, spec: RingSpec, incarnation: int,
+                         replace: bool = False) -> "TransitionRing":
         """What a collector calls at start: re-attach its ring of this launch as producer
-        (a restart: unread slots survive), else create it (replacing a stale one)."""
+        (a restart: unread slots survive), else create it (replacing a stale one).
+
+        replace=True (the learner dropped this collector's previous incarnation for a faulty
+        ring): unlink the old ring, unless a live producer still holds it, and create a new one.
+        """
         info = spec.segment_info(job, collector_id)
         if _incarnation_of(info.name) == incarnation & (2**64 - 1):
-            return cls.attach(job, collector_id, spec, "producer", incarnation)
+            if not replace:
+                return cls.attach(job, collector_id, spec, "producer", incarnation)
+            seg = _open_quiet(info.name)
+            if seg is not None:
+                try:
+                    if seg.locked_by_other(RING_PRODUCER_LOCK):
+                        raise ShmLayoutError(f"{info.what}: {info.name} is attached by producer pid "
+                                             f"{int(seg.u8[RING_PRODUCER_PID:][:8].view(np.int64)[0])}: "
+                                             f"collector_id {info.collector_id} is taken")
+                finally:
+                    seg.close()
+            _unlink_quiet(info.name)
         return cls.create(job, collector_id, spec, incarnation)
 
     @classmethod
@@ -878,29 +916,35 @@ class TransitionRing(_SegmentHandle):
             runs.append(self._slots_u8[:n - first])
         return runs
 
-    def copy_out(self, staging: np.ndarray, max_slots: int) -> int:
-        """Copy the oldest unread slots into staging (uint8 [k, slot_nbytes], the same layout).
+    def copy_out(self, dense: np.ndarray, finals: np.ndarray, max_slots: int) -> tuple[int, list[int]]:
+        """Copy the oldest unread slots out of shared memory, without their reserved space.
 
-        Dense parts go in <= 2 strided copies; of the sparse part only num_final rows are
-        copied (rows beyond num_final in staging are stale garbage). Does not release.
+        dense: uint8 [>= k, dense_nbytes] receives the always-valid part of each slot (header ..
+        truncated) in <= 2 strided copies (two when the slots wrap around the ring's end).
+        finals: flat uint8 receives, for each slot whose num_final > 0, only those rows of each
+        sparse field, packed as final_rows_layout(num_final) says (usually nothing: episodes end
+        rarely). Returns k and, per slot, the offset of its packed rows in finals (-1: none).
+        The caller validates what it copied; nothing is released here.
         """
         self._need("consumer")
         sp = self.spec
-        k = min(self.available(), max_slots, staging.shape[0])
+        k = min(self.available(), max_slots, dense.shape[0])
         dn, done = sp.dense_nbytes, 0
         for run in self.peek_raw(k):
-            np.copyto(staging[done:done + len(run), :dn], run[:, :dn])
+            np.copyto(dense[done:done + len(run)], run[:, :dn])
             done += len(run)
-        sparse = [f for f in sp.slot_fields() if f.offset >= dn]
-        num_final = staged_headers(staging, k)[:, HDR["num_final"]]  # from the copied headers
+        num_final = staged_headers(dense, k)[:, HDR["num_final"]]  # from the copied headers
+        offsets, pos = [], 0
         for j, slot in enumerate(self.peek(k)):
             nf = int(num_final[j])
-            if nf == 0:  # the common case: no episode ended at this step
+            if not 0 < nf <= sp.num_envs:   # 0: the common case; out of range: the caller rejects it
+                offsets.append(-1)
                 continue
-            for f in sparse:
-                row = f.nbytes // sp.num_envs
-                staging[j, f.offset:f.offset + nf * row] = slot.raw[f.offset:f.offset + nf * row]
-        return k
+            offsets.append(pos)
+            for f, off, nbytes in sp.final_rows_layout(nf):
+                finals[pos + off:pos + off + nbytes] = slot.raw[f.offset:f.offset + nbytes]
+            pos += sp.final_rows_nbytes(nf)
+        return k, offsets
 
     def release(self, n: int) -> None:
         """Hand n slots back to the producer; only after their data was copied out."""
@@ -984,6 +1028,8 @@ class WeightSnapshot(_SegmentHandle):
                       for b in (0, 1)]
         self._recheck = True       # private: False only for the negative-control test
         self.discarded = 0         # reader: copies thrown away because the writer overtook them
+        self._written_seq = None   # writer: the seq it left (it is the only writer of seq)
+        self.repairs = 0           # writer: publishes that found seq changed behind its back
         self.incarnation = int(seg.header["incarnation"])
 
     @classmethod
@@ -1046,6 +1092,7 @@ class WeightSnapshot(_SegmentHandle):
                 # version: that buffer was never touched by the unfinished publish, and a
                 # reader's acceptance test (seq moved <= 2) stays sound (docs: seqlock).
                 snap._seq[0] = seq - 1
+            snap._written_seq = int(snap._seq[0])
             snap._wpid[:2] = (os.getpid(), time.monotonic_ns())
         else:
             snap._rpid[:] = (os.getpid(), time.monotonic_ns())
@@ -1068,16 +1115,22 @@ class WeightSnapshot(_SegmentHandle):
         if flat.dtype != np.float32 or flat.size != self.numel:
             raise ShmLayoutError(f"weight snapshot of collector {self.collector_id}: expected {self.numel} "
                                  f"float32 values, got {flat.size} {flat.dtype}")
-        s = int(self._seq[0])
+        # The writer trusts its own copy of seq, never the shared one: a seq changed by anyone
+        # else (a stray write, a corrupted bit) would otherwise stick, e.g. odd forever, and no
+        # reader would ever load again. Publishing from our own value restores a consistent state.
+        s = self._written_seq
+        if int(self._seq[0]) != s:
+            self.repairs += 1
         version = s // 2 + 1
         self._seq[0] = s + 1                       # odd: readers back off
         np.copyto(self._bufs[version & 1].reshape(flat.shape), flat)
         self._seq[0] = s + 2                       # even: version published (after the data, TSO)
+        self._written_seq = s + 2
         self._wpid[2] = time.monotonic_ns()
         return version
 
     def try_load(self, out: np.ndarray, last_version: int) -> int | None:
-        """Reader. Copy the newest version into out if newer than last_version; else None.
+        """Reader. Copy the newest version into out if it is not last_version; else None.
 
         Non-blocking, never loops: None also when the writer is mid-publish or overtook the copy.
         """
@@ -1088,12 +1141,15 @@ class WeightSnapshot(_SegmentHandle):
         if s1 & 1:
             return None
         version = s1 >> 1
-        if version == 0 or version <= last_version:
+        # "!=" rather than ">": a version below ours means the writer repaired a corrupted seq
+        # (see publish); taking it is what lets this reader recover.
+        if version == 0 or version == last_version:
             return None
         # reshape the *source*: out.reshape(-1) of a strided out would copy into a temporary
         np.copyto(out, self._bufs[version & 1].reshape(out.shape))
         # Loads are not reordered with older loads (TSO): this read happens after the copy.
-        if self._recheck and int(self._seq[0]) - s1 > 2:
+        moved = int(self._seq[0]) - s1
+        if self._recheck and not 0 <= moved <= 2:   # < 0: a repair reset seq under us
             self.discarded += 1
             return None
         return version
@@ -1162,8 +1218,11 @@ LEARNER_DTYPE = _record([
     ("weight_version", "<i8"),     # last version published to the snapshots
     ("updates_per_s", "<f8"),
     ("learn_pct", "<f8"),          # % of learner wall time spent in updates
-    ("env_steps_per_s", "<f8"),    # ingest rate
+    ("env_steps_per_s", "<f8"),    # env steps produced per second by all collectors (last log window)
     ("started_ns", "<i8"),
+    ("ingest_env_steps_per_s", "<f8"),  # env steps ingested per second (last log window)
+    ("waiting_mask", "<u8"),       # bit i: planned collector i has not attached yet (learner holds)
+    ("start_env_steps", "<i8"),    # env steps at start (a resumed run: the checkpoint's); set before RUNNING
 ], 128)
 
 # Collector stats: cumulative; published under the record's stats_seq (see write_collector_stats).
@@ -1187,7 +1246,8 @@ COLLECTOR_DTYPE = _record([
     ("env_steps", "<i8"),          # env-steps pushed (env-step batches x its num_envs)
     ("loaded_weight_version", "<i8"),
     ("started_ns", "<i8"),
-    ("_pad0", "<i8"),
+    ("snapshot_stuck_ns", "<i8"),  # monotonic ns since its snapshot has been unreadable while newer
+                                   # weights exist (0 = fine); see Collector._poll_weights
     ("stats_seq", "<i8"),          # tiny seqlock over the stats below (offset 64: own line)
     *STATS_FIELDS,
 ], 192)
@@ -1195,12 +1255,25 @@ _STATS_OFFSET = COLLECTOR_DTYPE.fields["episodes"][1]
 
 # writer: learner (the learner's view of collector i)
 INGEST_DTYPE = _record([
-    ("ring_fill", "<i8"),          # slots used in ring i at the last drain
-    ("policy_lag", "<i8"),         # learner weight_version - version that produced the last slot
+    ("ring_fill", "<i8"),          # slots used in ring i at the last status refresh
+    ("policy_lag", "<i8"),         # max over the window of (snapshot version - version of an ingested slot)
     ("ingested_slots", "<i8"),
     ("ingested_env_steps", "<i8"),
-    ("last_ingest_ns", "<i8"),
-], 64)
+    ("last_ingest_ns", "<i8"),     # time.monotonic_ns() of the last ingested slot
+    ("attached", "<i8"),           # 1 once the learner attached this collector's ring and snapshot
+    ("dropped", "<i8"),            # 1 while the learner refuses this collector's data (see faults)
+    ("dropped_incarnation", "<i8"),  # collector incarnation the learner dropped; a newer one is re-attached
+    ("faults", "<i8"),             # times the learner dropped this collector
+    ("rejected_slots", "<i8"),     # slots never ingested: failed validation (non-finite, bad stamps)
+    ("snapshot_repairs", "<i8"),   # publishes that found the snapshot's seq not as this writer left it
+    ("fault", "S40"),              # short reason of the last drop
+], 128)
+
+# writer: launcher, once, before the control block's magic (read-only afterwards)
+JOB_DTYPE = _record([
+    ("settings_digest", "<u8"),    # crc32 of `settings`
+    ("settings", "S2040"),         # JSON of the settings every process of the job must agree on
+], 2048)
 
 # writer: launcher (its supervision of collector i)
 SUPERVISOR_DTYPE = _record([
@@ -1217,7 +1290,8 @@ CTL_LEARNER = CTL_LAUNCHER + LAUNCHER_DTYPE.itemsize
 CTL_COLLECTORS = CTL_LEARNER + LEARNER_DTYPE.itemsize
 CTL_INGEST = CTL_COLLECTORS + MAX_COLLECTORS * COLLECTOR_DTYPE.itemsize
 CTL_SUPERVISOR = CTL_INGEST + MAX_COLLECTORS * INGEST_DTYPE.itemsize
-CTL_NBYTES = _align(CTL_SUPERVISOR + MAX_COLLECTORS * SUPERVISOR_DTYPE.itemsize, PAGE)
+CTL_JOB = CTL_SUPERVISOR + MAX_COLLECTORS * SUPERVISOR_DTYPE.itemsize
+CTL_NBYTES = _align(CTL_JOB + JOB_DTYPE.itemsize, PAGE)
 CTL_LAUNCHER_LOCK = 0
 
 _CTL_ROLES = ("launcher", "learner", "collector", "observer")
@@ -1226,7 +1300,7 @@ _CTL_ROLES = ("launcher", "learner", "collector", "observer")
 def _ctl_info(job: str, num_collectors: int) -> SegmentInfo:
     table = tuple((off, dt.descr) for off, dt in (
         (CTL_LAUNCHER, LAUNCHER_DTYPE), (CTL_LEARNER, LEARNER_DTYPE), (CTL_COLLECTORS, COLLECTOR_DTYPE),
-        (CTL_INGEST, INGEST_DTYPE), (CTL_SUPERVISOR, SUPERVISOR_DTYPE)))
+        (CTL_INGEST, INGEST_DTYPE), (CTL_SUPERVISOR, SUPERVISOR_DTYPE), (CTL_JOB, JOB_DTYPE)))
     return SegmentInfo(SegmentKind.CTL, validate_job_name(job), -1,
                        {"num_collectors": num_collectors, "max_collectors": MAX_COLLECTORS}, "float32",
                        CTL_NBYTES, _digest(table))
@@ -1278,7 +1352,7 @@ class ControlBlock(_SegmentHandle):
 
     def __init__(self, seg: _Segment, role: str, collector_id: int | None):
         self._seg, self.role, self.collector_id = seg, role, collector_id
-        self._launch_guard: socket.socket | None = None   # the creating launcher's, see _hold_launch_guard
+        self._launch_guard: int | None = None   # the creating launcher's lock fd, see _hold_launch_guard
         self.job = seg.header_value("job")
         self.incarnation = int(seg.header["incarnation"])
         self.num_collectors = int(seg.header["params"][0])
@@ -1315,12 +1389,25 @@ class ControlBlock(_SegmentHandle):
     # ---- lifecycle
 
     @classmethod
-    def create(cls, job: str, num_collectors: int) -> "ControlBlock":
+    def create(cls, job: str, num_collectors: int, settings: dict | None = None) -> "ControlBlock":
         """Launcher only: new job incarnation; holds the liveness lock until close/exit.
 
-        Refused while another launcher of this job is alive; stale segments of the job
-        (a dead earlier launch) are removed first and listed in .removed_stale.
+        `settings` (JSON-able) are what every process attaching to the job must agree on
+        (see fastsac.job_settings); they are written before the segment's magic, so no
+        process can attach before they are in place. Refused while another launcher of this
+        job is alive; stale segments of the job (a dead earlier launch) are removed first and
+        listed in .removed_stale.
         """
+        text = json.dumps(settings or {}, sort_keys=True).encode()
+        if len(text) > JOB_DTYPE["settings"].itemsize:
+            raise ShmLayoutError(f"job settings are {len(text)} bytes as JSON; the control block holds at most "
+                                 f"{JOB_DTYPE['settings'].itemsize}")
+
+        def write_settings(seg: _Segment) -> None:
+            rec = seg.u8[CTL_JOB:CTL_JOB + JOB_DTYPE.itemsize].view(JOB_DTYPE).reshape(())
+            rec["settings"] = text
+            rec["settings_digest"] = np.uint64(zlib.crc32(text))
+
         check_memory_order()
         if isinstance(num_collectors, bool) or not isinstance(num_collectors, (int, np.integer)) \
                 or not 1 <= num_collectors <= MAX_COLLECTORS:
@@ -1332,9 +1419,9 @@ class ControlBlock(_SegmentHandle):
                 raise ShmLayoutError(f"job {job!r} is already running (launcher pid {_ctl_launcher_pid(job)} holds "
                                      f"{info.name}); pick another job_name or stop it first")
             removed = unlink_job_segments(job, force=True)
-            seg = _Segment.create(info, secrets.randbits(64), lock_byte=CTL_LAUNCHER_LOCK)
+            seg = _Segment.create(info, secrets.randbits(64), lock_byte=CTL_LAUNCHER_LOCK, init=write_settings)
         except BaseException:
-            guard.close()
+            os.close(guard)
             raise
         ctl = cls(seg, "launcher", None)
         ctl._launch_guard = guard
@@ -1371,7 +1458,7 @@ class ControlBlock(_SegmentHandle):
 
     def close(self) -> None:
         if self._launch_guard is not None:
-            self._launch_guard.close()
+            os.close(self._launch_guard)
             self._launch_guard = None
         self._col_rec = self._ing_rec = self._sup_rec = self._stats = self._stats_seq = []
         self.launcher = self.learner = None
@@ -1414,6 +1501,16 @@ class ControlBlock(_SegmentHandle):
     def supervisor(self, i: int) -> Record:
         """Fields the launcher writes about collector i."""
         return self._sup_rec[self._cid(i)]
+
+    # ---- job settings (writer: launcher, before magic)
+
+    def job_settings(self) -> dict:
+        """The settings the launcher recorded for this job (see ControlBlock.create)."""
+        rec = self._seg.u8[CTL_JOB:CTL_JOB + JOB_DTYPE.itemsize].view(JOB_DTYPE).reshape(())
+        text = bytes(rec["settings"][()])
+        if zlib.crc32(text) != int(rec["settings_digest"]):
+            raise ShmLayoutError(f"the job settings in {self.name} are corrupt (digest mismatch)")
+        return json.loads(text.decode()) if text else {}
 
     # ---- stop (writer: launcher)
 
@@ -1461,9 +1558,6 @@ class ControlBlock(_SegmentHandle):
 
     def total_collector_env_steps(self) -> int:
         return int(self._collectors["env_steps"][:self.num_collectors].sum())
-
-    def total_ingested_slots(self) -> int:
-        return int(self._ingest["ingested_slots"][:self.num_collectors].sum())
 
     def collector_states(self) -> list[ProcState]:
         return [ProcState(int(s)) for s in self._collectors["state"][:self.num_collectors]]
@@ -1650,28 +1744,60 @@ def format_stale_report(stale: list[StaleSegment]) -> str:
     return "\n".join(lines)
 
 
-def _hold_launch_guard(job: str) -> socket.socket:
-    """Bind the abstract Unix socket "fastsac.launch.<job>": one launcher of a job at a time.
+class LaunchLockError(ShmLayoutError):
+    """The job cannot start: another launcher of it holds the launch lock (or the lock is unusable)."""
+
+
+def launch_lock_dir() -> str:
+    """A directory only this user can write: $XDG_RUNTIME_DIR/fastsac, else /tmp/fastsac-<uid>.
+
+    The launch lock must be private to the user: a lock in a shared namespace (an abstract
+    socket name, a file in /tmp or /dev/shm) can be taken by any local user, who would then
+    keep the job from ever starting.
+    """
+    uid = os.getuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isdir(runtime) and os.stat(runtime).st_uid == uid:
+        path = os.path.join(runtime, "fastsac")
+    else:
+        path = f"/tmp/fastsac-{uid}"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise LaunchLockError(f"cannot create the launch-lock directory {path}: {exc}") from None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        raise LaunchLockError(f"the launch-lock directory {path} is not a private directory of uid {uid} "
+                              f"(owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}); another user may have "
+                              "made it: remove it, or set XDG_RUNTIME_DIR to a directory of yours")
+    return path
+
+
+def _hold_launch_guard(job: str) -> int:
+    """Take the exclusive flock on <launch_lock_dir>/<job>.launch: one launcher of a job at a time.
 
     The control segment's lock says whether a launcher is alive, but a launch first removes
     stale segments and then creates the control segment, and two launches started within
     microseconds could both pass the liveness check and one remove the other's new segment.
-    Binding an abstract socket name is atomic, exists nowhere on disk, and the kernel drops it
-    when its holder exits, however it dies: the first launcher to bind owns the job until it
-    closes its control block. (The socket is not inherited by child processes.)
+    flock is atomic and the kernel drops it when its holder exits, however it dies; the file
+    lives in a directory private to the user, so nobody else can take it. Returns the fd
+    (close-on-exec: children do not inherit it).
     """
-    guard = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = os.path.join(launch_lock_dir(), f"{validate_job_name(job)}.launch")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        guard.bind(f"\0fastsac.launch.{job}")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        guard.close()
-        if exc.errno != errno.EADDRINUSE:
-            raise ShmLayoutError(f"job {job!r}: cannot take the launch lock: {exc}") from None
+        os.close(fd)
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise LaunchLockError(f"job {job!r}: cannot take the launch lock {path}: {exc}") from None
         pid = _ctl_launcher_pid(job) if job_is_alive(job) else -1
         holder = f"launcher pid {pid}" if pid > 0 else "another launcher of it is starting"
-        raise ShmLayoutError(f"job {job!r} is already running ({holder}); pick another job_name or "
-                             "stop it first") from None
-    return guard
+        raise LaunchLockError(f"job {job!r} is already running ({holder}; it holds {path}); pick another "
+                              "job_name or stop it first") from None
+    return fd
 
 
 def _replace_if_stale(info: SegmentInfo) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from fastsac import learner_core
 from fastsac.config import Config
+from fastsac.envs.base import reset_seed
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.episodes import EpisodeTracker, EpisodeWindow
 from fastsac.process_setup import resolve_device
@@ -51,7 +52,7 @@ def train_sync(cfg: Config) -> int:
     agent, buffer = learner_core.build_agent(cfg, spec, env.action_low, env.action_high, device)
     env_steps = learner_core.restore(cfg, spec, agent)
     start_it = env_steps // n
-    obs, critic_obs = env.reset(cfg.seed if start_it == 0 else cfg.seed + 7919 * start_it)
+    obs, critic_obs = env.reset(reset_seed(cfg.seed, start_env_steps=env_steps))
     rng = np.random.default_rng([cfg.seed, start_it])
     cfg.run_path.mkdir(parents=True, exist_ok=True)
     log = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)

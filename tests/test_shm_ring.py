@@ -87,6 +87,23 @@ def check_slot(slot: L.SlotView, spec: L.RingSpec, k: int, seq: int | None = Non
         np.testing.assert_array_equal(slot.final_critic_obs[:nf], exp["final_critic_obs"])
 
 
+def copy_out_as_slots(cons: L.TransitionRing, max_slots: int) -> np.ndarray:
+    """copy_out (the learner's path), then the packed rows put back at their slot offsets, so the
+    result has the slot layout (slot_dtype) and check_staging can read it field by field."""
+    spec = cons.spec
+    dense = np.zeros((max_slots, spec.dense_nbytes), np.uint8)
+    finals = np.zeros(max_slots * spec.slot_nbytes, np.uint8)
+    k, offsets = cons.copy_out(dense, finals, max_slots)
+    out = np.zeros((k, spec.slot_nbytes), np.uint8)
+    out[:, :spec.dense_nbytes] = dense[:k]
+    for j, pos in enumerate(offsets):
+        if pos >= 0:
+            nf = int(L.staged_headers(dense, k)[j, L.HDR["num_final"]])
+            for f, off, nbytes in spec.final_rows_layout(nf):
+                out[j, f.offset:f.offset + nbytes] = finals[pos + off:pos + off + nbytes]
+    return out
+
+
 def check_staging(staging: np.ndarray, spec: L.RingSpec, first_k: int) -> None:
     """Vectorized check of slots first_k.. copied out with copy_out (the learner's path)."""
     s = staging.view(spec.slot_dtype()).reshape(-1)
@@ -293,15 +310,14 @@ def test_copy_out_moves_dense_part_and_num_final_rows(job_name):
     prod = L.TransitionRing.create(job_name, 0, SMALL, INC)
     cons = L.TransitionRing.attach(job_name, 0, SMALL, "consumer")
     try:
-        staging = np.zeros((16, SMALL.slot_nbytes), np.uint8)
         k = 0
         for _ in range(3):  # wraps around the 16-slot ring: exercises the 2-run path
             for _ in range(7):
                 assert prod.try_push(**stamped(SMALL, k))
                 k += 1
-            n = cons.copy_out(staging, 16)
-            check_staging(staging[:n], SMALL, cons.read_cursor)
-            cons.release(n)
+            staged = copy_out_as_slots(cons, 16)
+            check_staging(staged, SMALL, cons.read_cursor)
+            cons.release(len(staged))
         assert cons.read_cursor == 21
     finally:
         prod.close(), cons.close()
@@ -313,7 +329,6 @@ def test_cross_process_100k_slots_in_order_and_untorn(job_name, procs):
     n_slots, spec = 100_000, STRESS
     p = procs(producer_main, job_name, spec, n_slots)
     cons = _attach_consumer_when_created(job_name, spec)
-    staging = np.empty((spec.capacity, spec.slot_nbytes), np.uint8)
     got, peeked, t0 = 0, 0, time.monotonic()
     try:
         while got < n_slots:
@@ -332,10 +347,10 @@ def test_cross_process_100k_slots_in_order_and_untorn(job_name, procs):
                 cons.release(len(views))
                 peeked += len(views)
                 continue
-            n = cons.copy_out(staging, spec.capacity)
-            check_staging(staging[:n], spec, got)
-            cons.release(n)
-            got += n
+            staged = copy_out_as_slots(cons, spec.capacity)
+            check_staging(staged, spec, got)
+            cons.release(len(staged))
+            got += len(staged)
         p.join(10)
         assert p.exitcode == 0
         assert cons.available() == 0 and cons.write_cursor == n_slots and peeked > 0
@@ -394,40 +409,3 @@ def test_close_with_live_views_keeps_memory_valid(job_name):
     slot.obs[:] = 1.0
     assert (slot.obs == 1.0).all()
     del slot
-
-
-def test_learner_feed_stages_slots_with_their_headers_and_final_rows(job_name):
-    """The learner's drain (CollectorFeed.stage -> slot): copy_out into its staging, the header
-    values per slot, only num_final final rows, across the ring's wrap-around."""
-    import torch
-    from fastsac.learner_loop import CollectorFeed
-    prod = L.TransitionRing.create(job_name, 0, SMALL, INC)
-    L.WeightSnapshot.create(job_name, 0, 8, INC).close()
-    feed = CollectorFeed(job_name, 0, 0, SMALL.num_envs, SMALL, 8, torch.device("cpu"), max_slots=5)
-    try:
-        assert feed.stage(5) == []                     # not attached yet
-        assert feed.try_attach()
-        k = 0
-        for batch in (3, 7, 12):                       # 22 slots through a 16-slot ring: wraps
-            for _ in range(batch):
-                assert prod.try_push(**stamped(SMALL, k))
-                k += 1
-            first = k - batch
-            while batch:
-                meta = feed.stage(5)
-                assert 0 < len(meta) <= 5
-                for j, (nf, version, incarnation) in enumerate(meta):
-                    exp = stamped(SMALL, first + j)
-                    assert (nf, version, incarnation) == (len(exp["final_idx"]), (first + j) // 7, 3)
-                    s = feed.slot(j, nf)
-                    for name in ("obs", "critic_obs", "actions", "rewards", "final_idx", "final_obs",
-                                 "final_critic_obs"):
-                        np.testing.assert_array_equal(s[name].numpy(), exp[name], err_msg=name)
-                    np.testing.assert_array_equal(s["terminated"].numpy(), exp["terminated"])
-                    np.testing.assert_array_equal(s["truncated"].numpy(), exp["truncated"])
-                first += len(meta)
-                batch -= len(meta)
-            assert feed.ring.available() == 0          # released after the copy
-    finally:
-        feed.close()
-        prod.close()

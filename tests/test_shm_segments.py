@@ -91,7 +91,7 @@ def test_snapshot_numel_mismatch(job_name):
 @pytest.mark.parametrize("field,value,message", [
     ("magic", 0, r"is not initialized: its creator \(pid \d+\) is still creating it or died while creating it"),
     ("magic", 12345, r"is not a fastsac segment \(magic 0x3039\)"),
-    ("layout_version", 99, "layout version is 99 in the segment but 1 in this fastsac"),
+    ("layout_version", 99, f"layout version is 99 in the segment but {L.LAYOUT_VERSION} in this fastsac"),
     ("kind", 3, r"has kind 3, expected 2 \(RING\)"),
     ("job", b"otherjob", "job is 'otherjob' in the segment but"),
     ("collector_id", 5, "collector_id is 5 in the segment but 0 was expected"),
@@ -271,28 +271,53 @@ def test_leftovers_of_an_earlier_launch_are_stale_and_replaced(job_name):
 
 def test_a_launcher_that_is_still_starting_keeps_a_second_launch_out(job_name):
     """Two launches of one job within microseconds: the second must not remove the first's
-    brand-new control block as "stale". The launch guard (an abstract Unix socket) decides."""
-    import socket
+    brand-new control block as "stale". The launch guard (a user-private flock) decides."""
+    import fcntl
     L.TransitionRing.create(job_name, 0, SPEC, INC).close()  # a stale leftover a launch would remove
-    starting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    starting.bind(f"\0fastsac.launch.{job_name}")   # a first launcher between its guard and its segment
+    # a first launcher between its guard and its segment
+    starting = os.open(os.path.join(L.launch_lock_dir(), f"{job_name}.launch"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(starting, fcntl.LOCK_EX)
     try:
-        with pytest.raises(L.ShmLayoutError,
-                           match=rf"^job '{job_name}' is already running \(another launcher of it is starting\)"):
+        with pytest.raises(L.LaunchLockError,
+                           match=rf"^job '{job_name}' is already running \(another launcher of it is starting"):
             L.ControlBlock.create(job_name, 1)
         assert not os.path.exists(f"/dev/shm/{L.ctl_name(job_name).lstrip('/')}")  # nothing created...
         assert [s.name for s in L.find_stale_segments(job_name)] == [L.ring_name(job_name, 0)]  # ...or removed
     finally:
-        starting.close()
+        os.close(starting)
     ctl = L.ControlBlock.create(job_name, 1)  # the guard is free again
     try:
-        with pytest.raises(L.ShmLayoutError, match=rf"already running \(launcher pid {os.getpid()}\)"):
+        with pytest.raises(L.LaunchLockError, match=rf"already running \(launcher pid {os.getpid()};"):
             L.ControlBlock.create(job_name, 1)
     finally:
         ctl.unlink()
         ctl.close()
     L.ControlBlock.create(job_name, 1).close()  # close() released it
     L.unlink_job_segments(job_name)
+
+
+def test_the_launch_guard_cannot_be_taken_by_another_user(job_name, tmp_path, monkeypatch):
+    """The guard lives in a directory private to the user: a name in a shared namespace (the
+    abstract socket the guard once was) held by someone else no longer keeps the job out, and
+    a lock directory that others could write is refused with the reason."""
+    import socket
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squatter.bind(f"\0fastsac.launch.{job_name}")   # what another local user could do
+    try:
+        ctl = L.ControlBlock.create(job_name, 1)
+        ctl.unlink()
+        ctl.close()
+    finally:
+        squatter.close()
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert L.launch_lock_dir() == str(runtime / "fastsac")
+    assert (runtime / "fastsac").stat().st_mode & 0o777 == 0o700
+    (runtime / "fastsac").chmod(0o777)   # writable by everyone: someone could swap the lock file
+    with pytest.raises(L.LaunchLockError, match=r"is not a private directory of uid .* mode 777"):
+        L.ControlBlock.create(job_name, 1)
+    assert not os.path.exists(f"/dev/shm/{L.ctl_name(job_name).lstrip('/')}")
 
 
 def test_create_or_attach_is_what_a_restarting_collector_needs(job_name):

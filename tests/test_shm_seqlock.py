@@ -57,6 +57,28 @@ def test_odd_seq_returns_none_at_once(job_name):
         reader.close(), writer.close()
 
 
+def test_a_corrupted_seq_is_repaired_by_the_next_publish(job_name):
+    """Somebody else wrote the seq (a stray write, a flipped bit). The writer publishes from its
+    own copy of seq, so the snapshot becomes consistent again and the reader loads again."""
+    reader = L.WeightSnapshot.create(job_name, 0, 64, INC)
+    writer = L.WeightSnapshot.attach(job_name, 0, 64, "writer")
+    out = np.zeros(64, np.float32)
+    try:
+        writer.publish(np.full(64, 1, np.float32))
+        assert reader.try_load(out, 0) == 1
+        reader._seq[0] |= 1          # stuck odd: every reader backs off for good...
+        assert reader.try_load(out, 1) is None
+        assert writer.publish(np.full(64, 2, np.float32)) == 2   # ...until the next publish
+        assert writer.repairs == 1
+        assert reader.try_load(out, 1) == 2 and (out == 2).all()
+        reader._seq[0] = 2 * 1000    # even but far ahead: the reader takes "version 1000" once...
+        assert reader.try_load(out, 2) == 1000
+        assert writer.publish(np.full(64, 3, np.float32)) == 3 and writer.repairs == 2
+        assert reader.try_load(out, 1000) == 3 and (out == 3).all()   # ...and follows the repair down
+    finally:
+        reader.close(), writer.close()
+
+
 def test_single_writer_and_crashed_writer_recovery(job_name):
     reader = L.WeightSnapshot.create(job_name, 0, 64, INC)
     writer = L.WeightSnapshot.attach(job_name, 0, 64, "writer")

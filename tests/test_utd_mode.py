@@ -24,6 +24,7 @@ from e2e_helpers import tiny_config
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.config import load_config
+from fastsac.job_settings import job_settings
 from fastsac.placement import plan_job
 from fastsac.process_setup import machine_topology
 
@@ -32,9 +33,9 @@ PUSHED = 6                             # env-step batches the "collector" pushes
 QUIET_S = 1.0                          # how long every ring stays empty while updates are counted
 
 
-def hold_control_block(job: str, ready, done) -> None:
+def hold_control_block(job: str, settings: dict, ready, done) -> None:
     """The launcher's part: create the job's control segment and hold its liveness lock."""
-    ctl = shm.ControlBlock.create(job, 1)
+    ctl = shm.ControlBlock.create(job, 1, settings)
     ready.set()
     done.wait(120)
     ctl.unlink()
@@ -59,13 +60,15 @@ def updates_while_rings_empty(tmp_path, job: str, utd_mode: str, procs) -> tuple
                                     "async_options": {"utd_mode": utd_mode, "ring_capacity": PUSHED,
                                                       "max_ingest_per_iter": 2}},
                            logging={"interval": 1_000_000, "interval_s": 600.0}, checkpoint={"interval": 0})
-    ctx = mp.get_context("spawn")
-    ready, done = ctx.Event(), ctx.Event()
-    launcher = procs(hold_control_block, job, ready, done)
-    assert ready.wait(60), "the control-block holder did not start"
     cfg = load_config(cfg_path)
     plan = plan_job(cfg, machine_topology(), str(cfg_path))
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    launcher = procs(hold_control_block, job, job_settings(cfg, plan), ready, done)
+    assert ready.wait(60), "the control-block holder did not start"
     observer = shm.ControlBlock.attach(job, role="observer")
+    collector = shm.ControlBlock.attach(job, role="collector", collector_id=0)
+    collector.collector(0).update(incarnation=1, state=int(shm.ProcState.RUNNING))   # as a collector registers
     # the collector's segments, created as a collector creates them
     spec = shm.RingSpec(num_envs=NUM_ENVS, obs_dim=OBS_DIM, critic_obs_dim=0, act_dim=ACT_DIM, capacity=PUSHED)
     ring = shm.TransitionRing.create(job, 0, spec, observer.incarnation)
@@ -95,6 +98,7 @@ def updates_while_rings_empty(tmp_path, job: str, utd_mode: str, procs) -> tuple
         learner.close()
         ring.close()
         snapshot.close()
+        collector.close()
         observer.close()
         done.set()
         launcher.join(30)

@@ -16,6 +16,19 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def reset_seed(seed: int, restart: int = 0, start_env_steps: int = 0) -> int:
+    """The seed a shard's envs are reset with; each env derives its stream from (it, global env id).
+
+    A fresh start uses the job's seed. A restarted collector (restart > 0) or a resumed run
+    (start_env_steps > 0: the checkpoint's env steps) must not replay the episodes it already
+    played, yet stay reproducible: the seed is derived from all three. The one place that
+    decides it, for the collectors and the synchronous trainer alike.
+    """
+    if restart == 0 and start_env_steps == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, restart, start_env_steps]).generate_state(1, np.uint32)[0])
+
+
 @dataclass
 class StepResult:
     obs: np.ndarray               # [N, obs_dim] float32, observation to act on next (reset obs where done)

@@ -1,0 +1,169 @@
+"""What the learner reports: TensorBoard scalars and the console line per log window, and the
+status records in the control block (fastsac-launch --status) at a fixed cadence.
+
+Rates are measured over the log window from cumulative counters, so they are right at any
+logging rate and any env speed:
+  perf/env_steps_per_s      env steps the collectors produced (their env_steps counters in the
+                            control block, written every env step) per second
+  perf/ingest_env_steps_per_s  env steps the learner ingested per second
+  perf/updates_per_s        gradient updates per second
+  perf/learn_pct            share of the window's wall time the learner spent in updates
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from fastsac import shm_layout as shm
+from fastsac.episodes import EpisodeWindow
+from fastsac.metrics import MetricsLogger, fmt, format_duration
+
+SNAPSHOT_STUCK_REPORT_S = 5.0   # a collector's snapshot unreadable this long is reported
+
+
+class LearnerTelemetry:
+    def __init__(self, cfg, ctl: "shm.ControlBlock", feeds, env_steps: int, num_updates: int):
+        self.cfg, self.ctl, self.feeds = cfg, ctl, feeds
+        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+        self.window = EpisodeWindow()
+        self.last_train: dict = {}
+        self.learn_time = 0.0
+        self._batches = 0.0
+        self._env_steps, self._updates = env_steps, num_updates
+        self._produced = {f.cid: (0, 0) for f in feeds}   # (incarnation, env_steps) at the window start
+        self._last_stats: dict[int, dict] = {}   # per collector: last consistent stats record
+        self._stats_prev: dict[int, dict] = {}   # per collector: the record stage times are measured from
+        self._stage_ms: dict[int, dict] = {}     # per collector: last computed stage times (ms/step)
+        self._stuck_reported: set[int] = set()
+        self.start()
+
+    def start(self) -> None:
+        """Begin the first window now (after waiting for the collectors)."""
+        self.run_start = self.window_start = time.perf_counter()
+        self.learn_time, self._batches = 0.0, 0.0
+        for f in self.feeds:
+            self._produced[f.cid] = self._producer_count(f.cid)
+        self.next_log_batches = self.cfg.logging.interval
+
+    def add_batches(self, batches: float) -> None:
+        self._batches += batches
+
+    def _producer_count(self, cid: int) -> tuple[int, int]:
+        rec = self.ctl.collector(cid)
+        return rec["incarnation"], rec["env_steps"]
+
+    def maybe_log(self, env_steps, num_updates, weight_version, start_env_steps, total_env_steps) -> None:
+        it = env_steps // self.cfg.env.num_envs
+        if it >= self.next_log_batches or time.perf_counter() - self.window_start >= self.cfg.logging.interval_s:
+            self.log(env_steps, num_updates, weight_version, start_env_steps, total_env_steps)
+
+    def log(self, env_steps, num_updates, weight_version, start_env_steps, total_env_steps) -> None:
+        cfg, now = self.cfg, time.perf_counter()
+        dt = max(now - self.window_start, 1e-9)
+        it = env_steps // cfg.env.num_envs
+        self.next_log_batches = (it // cfg.logging.interval + 1) * cfg.logging.interval
+        scalars, rows = self._collector_scalars(dt)
+        ups = (num_updates - self._updates) / dt
+        ingest = (env_steps - self._env_steps) / dt
+        learn_pct = 100.0 * self.learn_time / dt
+        fills = [f.fill() for f in self.feeds]
+        max_lag = max((f.max_lag for f in self.feeds), default=0)
+        scalars.update({
+            "rollout/mean_return": self.window.mean_return, "rollout/mean_ep_len": self.window.mean_length,
+            "perf/env_steps_per_s": sum(scalars[f"collector{f.cid}/env_steps_per_s"] for f in self.feeds),
+            "perf/ingest_env_steps_per_s": ingest, "perf/updates_per_s": ups, "perf/learn_pct": learn_pct,
+            "async/policy_lag": max_lag, "async/ring_fill": float(np.mean(fills)) if fills else 0.0,
+            "async/weight_version": weight_version,
+            "async/utd": (num_updates - self._updates) / self._batches if self._batches else 0.0,
+            "async/dropped_collectors": sum(f.dropped_incarnation is not None for f in self.feeds)})
+        scalars.update({f"train/{k}": float(v) for k, v in self.last_train.items()})
+        self.metrics.scalars(env_steps, scalars)
+        self.ctl.learner.update(updates_per_s=ups, learn_pct=learn_pct, env_steps_per_s=scalars["perf/env_steps_per_s"],
+                                ingest_env_steps_per_s=ingest)
+        done = env_steps - start_env_steps
+        eta = (now - self.run_start) / done * (total_env_steps - env_steps) if done else math.inf
+        self.metrics.line(
+            f"[{it}/{cfg.trainer.num_iterations}] {env_steps:,} steps | "
+            f"{scalars['perf/env_steps_per_s']:,.0f} env-steps/s | {ups:.1f} upd/s | learn {learn_pct:.0f}% | "
+            f"lag {max_lag} | ring {scalars['async/ring_fill']:.0%} | return {fmt(self.window.mean_return)} | "
+            f"ETA {format_duration(eta)}")
+        if len(self.feeds) > 1 or any(f.faults for f in self.feeds):
+            for row in rows:
+                self.metrics.line(row)
+        self.window_start, self.learn_time, self._batches = now, 0.0, 0.0
+        self._env_steps, self._updates = env_steps, num_updates
+        for f in self.feeds:
+            f.max_lag = 0
+
+    def _collector_scalars(self, dt: float) -> tuple[dict, list[str]]:
+        scalars: dict[str, float] = {}
+        rows, totals = [], [0, 0.0, 0]
+        stage_sums, stage_n = dict.fromkeys(shm.STAGES, 0.0), 0
+        for feed in self.feeds:
+            i, prefix = feed.cid, f"collector{feed.cid}/"
+            inc, steps = self._producer_count(i)
+            prev_inc, prev_steps = self._produced[i]
+            # a restarted collector counts again from 0 in its new incarnation
+            produced = steps - prev_steps if inc == prev_inc else steps
+            self._produced[i] = (inc, steps)
+            rate = max(produced, 0) / dt
+            # None = being written right now: use the last good copy (totals must never go back)
+            stats = self.ctl.read_collector_stats(i) or self._last_stats.get(i)
+            self._last_stats[i] = stats
+            if stats:
+                totals[0] += stats["episodes"]
+                totals[1] += stats["return_sum"]
+                totals[2] += stats["length_sum"]
+                self._stage_times(i, stats)
+            for st, ms in self._stage_ms.get(i, {}).items():
+                scalars[f"{prefix}{st}_ms"] = ms
+                stage_sums[st] += ms
+            stage_n += i in self._stage_ms
+            stuck_s = self._snapshot_stuck_s(i)
+            scalars.update({prefix + "env_steps_per_s": rate, prefix + "ring_fill": feed.fill(),
+                            prefix + "policy_lag": feed.max_lag, prefix + "faults": feed.faults,
+                            prefix + "rejected_slots": feed.rejected_slots, prefix + "snapshot_stuck_s": stuck_s})
+            state = " | DROPPED" if feed.dropped_incarnation is not None else ""
+            rows.append(f"   c{i}: {rate:,.0f} env-steps/s | lag {feed.max_lag} | ring {feed.fill():.0%}{state}")
+        self.window.take(*totals)
+        if stage_n:
+            for st in shm.STAGES:
+                scalars[f"perf/collector_{st}_ms"] = stage_sums[st] / stage_n
+            scalars["perf/collect_ms_per_batch"] = sum(stage_sums[s] for s in shm.STAGES if s != "wait") / stage_n
+        return scalars, rows
+
+    def _stage_times(self, i: int, stats: dict) -> None:
+        """Stage times per step over the steps since the last record that moved (the collector
+        refreshes its record every STATS_INTERVAL_S; we may log more often)."""
+        prev = self._stats_prev.get(i)
+        if prev is None or stats["steps"] < prev["steps"]:   # first record, or a restarted collector
+            self._stats_prev[i] = stats
+        elif stats["steps"] > prev["steps"]:
+            d = stats["steps"] - prev["steps"]
+            self._stage_ms[i] = {st: (stats[f"{st}_ns"] - prev[f"{st}_ns"]) / d / 1e6 for st in shm.STAGES}
+            self._stats_prev[i] = stats
+
+    def _snapshot_stuck_s(self, i: int) -> float:
+        since = self.ctl.collector(i)["snapshot_stuck_ns"]
+        stuck_s = (time.monotonic_ns() - since) / 1e9 if since else 0.0
+        if stuck_s >= SNAPSHOT_STUCK_REPORT_S and i not in self._stuck_reported:
+            self._stuck_reported.add(i)
+            self.metrics.line(f"   warning: collector {i} has not been able to load new weights for {stuck_s:.0f}s "
+                              "(its snapshot looks corrupted; the next publish restores it)")
+        elif not since:
+            self._stuck_reported.discard(i)
+        return stuck_s
+
+    def refresh_status(self) -> None:
+        """The learner's view of every collector for fastsac-launch --status (cadence set by the loop)."""
+        for f in self.feeds:
+            self.ctl.ingest(f.cid).update(
+                ring_fill=f.ring.available() if f.ring is not None else 0, policy_lag=f.max_lag,
+                ingested_slots=f.ingested_slots, ingested_env_steps=f.ingested_slots * f.spec.num_envs,
+                last_ingest_ns=f.last_ingest_ns, attached=int(f.attached_once),
+                dropped=int(f.dropped_incarnation is not None), rejected_slots=f.rejected_slots)
+
+    def close(self) -> None:
+        self.metrics.close()

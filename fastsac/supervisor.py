@@ -253,29 +253,47 @@ class Supervisor:
 def run_numa_check(cfg, plan, ctl: "shm.ControlBlock", timeout_s: float = 600.0) -> int:
     """Start every process with `--check-numa` under its real binding, collect their reports.
 
-    Prints one JSON document {"plan": ..., "reports": [...]} on stdout; exit 0 when every
-    process ran (each one refuses to run on a binding that differs from the plan).
+    Prints one JSON document {"plan": ..., "reports": [...], "failed": [...]} on stdout; exit 0
+    when every process ran and reported (each one refuses to run on a binding that differs from
+    the plan). Reports come from this check's own report directory (fastsac.numa_check), one per
+    process started here, never from the logs, which earlier launches have appended to.
     """
     import json
+    import shutil
 
-    from fastsac.numa_check import parse_reports
+    from fastsac.numa_check import read_report, report_dir, report_path
     from fastsac.placement import plan_to_json
     sup = Supervisor(cfg, plan, ctl)
+    reports_at = report_dir(cfg.run_path, ctl.incarnation)
+    reports_at.mkdir()   # new: the incarnation is this launch's own random 64-bit number
     children = [sup.learner, *[c for c in sup.collectors if not c.manual]]
-    for child in children:
-        child.plan = _with_extra_arg(child.plan, "--check-numa")
-        sup.spawn(child)
-    deadline = time.monotonic() + timeout_s
-    failed = []
-    for child in children:
-        try:
-            rc = child.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.proc.kill()
-            rc = child.proc.wait()
-        if rc != 0:
-            failed.append(f"{child.name} exited with code {rc}; see {child.log_path}")
-    reports = [r for child in children for r in parse_reports(child.log_path.read_text(errors="replace"))]
+    try:
+        for child in children:
+            child.plan = _with_extra_arg(child.plan, "--check-numa")
+            sup.spawn(child)
+        deadline = time.monotonic() + timeout_s
+        failed, reports = [], []
+        for child in children:
+            try:
+                rc = child.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                rc = child.proc.wait()
+            path = report_path(cfg.run_path, ctl.incarnation, child.plan.role,
+                               getattr(child.plan, "collector_id", None))
+            report = read_report(path)
+            if report is not None and report.get("pid") != child.proc.pid:
+                failed.append(f"{child.name}: {path} was written by pid {report.get('pid')}, not by pid "
+                              f"{child.proc.pid} started by this check")
+                report = None
+            if rc != 0:
+                failed.append(f"{child.name} exited with code {rc}; see {child.log_path}")
+            elif report is None:
+                failed.append(f"{child.name} exited without writing its report {path}; see {child.log_path}")
+            if report is not None:
+                reports.append(report)
+    finally:
+        shutil.rmtree(reports_at, ignore_errors=True)
     print(json.dumps({"plan": plan_to_json(plan), "reports": reports, "failed": failed}, indent=1))
     for message in failed:
         print(f"fastsac-launch: error: {message}", file=sys.stderr)

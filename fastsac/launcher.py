@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan:
             return print_plan(plan, args.json)
         check_run_dir(cfg)
+        from fastsac.checkpoint import check_fresh_run_dir  # torch-free
+        check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
     except ConfigError as exc:
         print(f"fastsac-launch: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE

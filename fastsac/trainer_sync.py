@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -40,6 +41,7 @@ def to_device(x: np.ndarray | None, device: torch.device, dtype=torch.float32) -
 
 
 def train_sync(cfg: Config) -> int:
+    learner_core.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
     device = resolve_device(cfg.device)
     torch.set_flush_denormal(True)  # subnormal floats once made early updates 15x slower on CPU
     torch.manual_seed(cfg.seed)
@@ -109,9 +111,18 @@ def train_sync(cfg: Config) -> int:
                      f"{ups:.1f} upd/s | learn {learn_pct:.0f}% | return {fmt(window.mean_return)} | "
                      f"ETA {format_duration(eta)}")
         if cfg.checkpoint.interval and (it + 1) % cfg.checkpoint.interval == 0 and not last_iteration:
-            learner_core.save(cfg, spec, agent, env_steps)
-    path = learner_core.save(cfg, spec, agent, env_steps)
-    log.line(f"final checkpoint: {path}")
+            try:
+                learner_core.save(cfg, spec, agent, env_steps)
+            except learner_core.CheckpointSaveError as exc:  # disk full, I/O error: keep training
+                print(f"fastsac sync: error: {exc}; training goes on, next try at iteration "
+                      f"{it + 1 + cfg.checkpoint.interval:,}", file=sys.stderr, flush=True)
+    exit_code = 0
+    try:
+        path = learner_core.save(cfg, spec, agent, env_steps)
+        log.line(f"final checkpoint: {path}")
+    except learner_core.CheckpointSaveError as exc:  # the run did not end whole: exit 1 with the reason
+        print(f"fastsac sync: error: the final checkpoint failed: {exc}", file=sys.stderr, flush=True)
+        exit_code = 1
     log.close()
     env.close()
-    return 0
+    return exit_code

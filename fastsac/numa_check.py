@@ -31,7 +31,8 @@ def report_dir(run_path: Path, incarnation: int) -> Path:
 
 
 def report_path(run_path: Path, incarnation: int, role: str, collector_id: int | None = None) -> Path:
-    return report_dir(run_path, incarnation) / ("learner.json" if role == "learner" else f"collector{collector_id}.json")
+    name = "learner" if role == "learner" else f"collector{collector_id}"
+    return report_dir(run_path, incarnation) / f"{name}.json"
 
 
 def _report(ctx, ctl: "shm.ControlBlock", extra: dict) -> int:

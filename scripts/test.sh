@@ -9,4 +9,8 @@ if ! command -v numactl >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-
   (apt-get install -y -qq numactl >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq numactl >/dev/null 2>&1; }) \
     || echo "test.sh: numactl could not be installed; its tests will be skipped" >&2
 fi
+# The 2-node NUMA guest of tests/test_numa_vm.py: QEMU and a static busybox (apt, as root) and
+# Debian's kernel (downloaded once into a cache). Where that is impossible the test skips, saying why.
+.venv/bin/python tools/numa-vm/numa_vm.py prepare --install \
+  || echo "test.sh: the NUMA VM is not ready (reason above); tests/test_numa_vm.py will say why it skips or fails" >&2
 exec .venv/bin/python -m pytest "$@"

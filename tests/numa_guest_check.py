@@ -1,9 +1,9 @@
 """In-guest NUMA placement check of a real 2-collector job (`fastsac-launch CFG --check-numa`).
 
-Runs INSIDE the 2-node guest of ../shared/numa-vm (tests/test_numa_vm.py boots it), or on any
+Runs INSIDE the 2-node guest of tools/numa-vm (tests/test_numa_vm.py boots it), or on any
 real machine with >= 2 NUMA nodes; not collected by pytest (no test_ prefix):
 
-    ../shared/numa-vm/run-in-numa-vm /path/to/.venv/bin/python tests/numa_guest_check.py
+    .venv/bin/python tools/numa-vm/numa_vm.py run -- .venv/bin/python tests/numa_guest_check.py
 
 For each binding method (numactl, then inprocess) it writes a job config (pendulum, 8 envs,
 2 collectors, placement: spread, device cpu), runs `python -m fastsac.launcher CFG --check-numa`
@@ -15,6 +15,8 @@ creates/attaches and first-touches its segments, reports what /proc says and exi
     report carries the segment's size);
   * the learner: bound to its planned node and CPUs;
   * /dev/shm holds no fastsac segment afterwards.
+With --negative-control it also launches with numa_binding: off and requires the collector CPU
+and memory-policy checks to FAIL for those unbound collectors (the checks can catch a fault).
 Torch-free and numpy-free itself (every Python start costs seconds under software emulation;
 the launcher and its children import numpy, never torch: a fake `torch` package first on their
 PYTHONPATH ends any process that imports torch, printing the import chain, so the check fails).
@@ -61,12 +63,12 @@ trainer:
     collector_inference_device: cpu
 """
 
-checks: list[tuple[bool, str]] = []
+checks: list[tuple[bool, str, str]] = []   # (ok, what, key); key names the checks a control must fail
 
 
-def check(ok: bool, what: str) -> bool:
+def check(ok: bool, what: str, key: str = "") -> bool:
     print(("PASS " if ok else "FAIL ") + what, flush=True)
-    checks.append((bool(ok), what))
+    checks.append((bool(ok), what, key))
     return bool(ok)
 
 
@@ -162,7 +164,7 @@ def run_launch(binding: str, job: str, workdir: Path, nodes: dict[int, list[int]
     ok = check(rc == 0 and doc is not None and not doc.get("failed"),
                f"{binding}: launcher --check-numa exited 0 and every process ran "
                f"(exit code {rc}{'; timed out' if rc is None else ''}"
-               f"{'; failed: ' + '; '.join(doc['failed']) if doc and doc.get('failed') else ''})")
+               f"{'; failed: ' + '; '.join(doc['failed']) if doc and doc.get('failed') else ''})", key="launch")
     if not ok:
         if err.strip():
             print("   launcher stderr:\n" + "\n".join("     " + x for x in err.strip().splitlines()[-30:]))
@@ -188,7 +190,7 @@ def run_launch(binding: str, job: str, workdir: Path, nodes: dict[int, list[int]
     check(len(learners) == 1 and sorted(rcols) == list(range(NUM_COLLECTORS))
           and all(len(v) == 1 for v in rcols.values()),
           f"{binding}: one report per process (learner: {len(learners)}, collectors: "
-          f"{ {k: len(v) for k, v in sorted(rcols.items())} })")
+          f"{ {k: len(v) for k, v in sorted(rcols.items())} })", key="reports")
 
     for i in range(NUM_COLLECTORS):
         want_cpus = nodes.get(i)
@@ -214,9 +216,11 @@ def run_launch(binding: str, job: str, workdir: Path, nodes: dict[int, list[int]
               f"{binding}: collector {i} reports binding {r.get('binding')!r}, planned node {r.get('planned_node')}; "
               f"expected {binding!r}, node {i}")
         check(r.get("cpus") == want_cpus,
-              f"{binding}: collector {i} runs on CPUs {r.get('cpus')}; expected node {i}'s CPUs {want_cpus}")
+              f"{binding}: collector {i} runs on CPUs {r.get('cpus')}; expected node {i}'s CPUs {want_cpus}",
+              key=f"cpus{i}")
         check(r.get("mempolicy") == "bind" and r.get("mem_nodes") == [i],
-              f"{binding}: collector {i} memory policy {r.get('mempolicy')}:{r.get('mem_nodes')}; expected bind:[{i}]")
+              f"{binding}: collector {i} memory policy {r.get('mempolicy')}:{r.get('mem_nodes')}; expected bind:[{i}]",
+              key=f"policy{i}")
         pages = r.get("segment_pages") or {}
         sizes = r.get("segment_bytes")
         page_size = r.get("page_size") or os.sysconf("SC_PAGE_SIZE")
@@ -254,6 +258,28 @@ def run_launch(binding: str, job: str, workdir: Path, nodes: dict[int, list[int]
     return summary
 
 
+def negative_control(job: str, workdir: Path, nodes: dict[int, list[int]]) -> dict:
+    """The same launch with numa_binding: off, i.e. unbound collectors: the checks must catch it.
+
+    Proves the /proc-based checks can fail: the launch runs and reports, and for every collector
+    the CPU check and the memory-policy check fail. Its checks are kept out of the verdict; one
+    summary check goes in.
+    """
+    print("\n== negative control: numa_binding off; the CPU and memory-policy checks below must FAIL", flush=True)
+    start = len(checks)
+    run_launch("off", job, workdir, nodes)
+    control = checks[start:]
+    del checks[start:]
+    outcome = {key: ok for ok, _, key in control if key}
+    must_fail = [f"{k}{i}" for i in range(NUM_COLLECTORS) for k in ("cpus", "policy")]
+    ran = outcome.get("launch") is True and outcome.get("reports") is True
+    caught = [k for k in must_fail if outcome.get(k) is False]
+    check(ran and caught == must_fail,
+          f"negative control (numa_binding: off): the launch ran and reported ({ran}); the unbound collectors "
+          f"failed the checks {caught} (all of {must_fail} must fail)")
+    return {"ran": ran, "caught": caught, "failed": [what for ok, what, _ in control if not ok]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--job-prefix", default=f"ngc{os.getpid()}",
@@ -261,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="config + run_dir go here (default: a new folder in the current directory)")
     ap.add_argument("--bindings", default=",".join(BINDINGS), help="comma-separated subset of numactl,inprocess")
     ap.add_argument("--keep", action="store_true", help="keep the work folder even when everything passed")
+    ap.add_argument("--negative-control", action="store_true",
+                    help="also launch with numa_binding: off and require the checks to catch the unbound collectors")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     in_guest = os.environ.get("NUMA_VM_GUEST") == "1"
@@ -268,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [b for b in bindings if b not in BINDINGS]
     if bad:
         ap.error(f"unknown binding(s) {bad}; choose from {BINDINGS}")
-    jobs = {b: f"{args.job_prefix}_{b}" for b in bindings}
+    jobs = {b: f"{args.job_prefix}_{b}" for b in [*bindings, *(["off"] if args.negative_control else [])]}
     if any(len(j) > 32 for j in jobs.values()):
         ap.error(f"--job-prefix {args.job_prefix!r} is too long: job names are at most 32 characters")
 
@@ -296,10 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         for b in bindings:
             result["bindings"][b] = run_launch(b, jobs[b], workdir, nodes)
+        if args.negative_control:
+            result["negative_control"] = negative_control(jobs["off"], workdir, nodes)
         left = shm_segments() if in_guest else [s for j in jobs.values() for s in shm_segments(f"fastsac.{j}.")]
         check(not left, f"{SHM_DIR} holds no fastsac segment after the launches ({left or 'none'})")
 
-    failures = [what for ok, what in checks if not ok]
+    failures = [what for ok, what, _ in checks if not ok]
     passed = not failures
     if passed and not args.keep and not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)

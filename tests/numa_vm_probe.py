@@ -1,6 +1,8 @@
 """Real-kernel NUMA probe: run inside the 2-node guest, torch-free and numpy-free.
 
-    ../shared/numa-vm/run-in-numa-vm /path/to/python tests/numa_vm_probe.py
+    .venv/bin/python tools/numa-vm/numa_vm.py run -- .venv/bin/python tests/numa_vm_probe.py
+
+(tests/test_numa_vm.py runs it so.)
 
 Checks, on a real kernel with >= 2 NUMA nodes:
   1. discover_topology() sees every node and the CPUs this process may use.

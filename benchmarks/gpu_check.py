@@ -8,12 +8,16 @@ Prints, each next to its CPU-side counterpart measured in the same run:
      eager fp32 vs bf16 autocast vs torch.compile(+bf16), ms per update;
   2. the learner's staging path: k Humanoid slots (4096 envs) host->device, pinned vs pageable, GB/s;
   3. collector policy inference on the device vs 1 CPU thread, us per env-step (1024 / 4096 envs);
-  4. a short end-to-end async run of the quick start on the device (exit code, env-steps/s, updates/s).
-Copy the printed block into docs/performance.md with the machine's name.
+  4. a short end-to-end async run of the quick start on the device (exit code, env-steps/s, updates/s);
+  5. the learner's updates/s while 0, 1, 2 collectors run policy inference on their CPUs vs on
+     the learner's device (benchmarks/bench_collector_inference.py --sections learner).
+Copy the printed block into docs/performance.md with the machine's name. Exit code 1 when a check
+failed (the end-to-end run or the contention benchmark), else 0.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -96,11 +100,12 @@ def check_inference(device: torch.device, quick: bool) -> None:
         print(f"  inference {n} envs: " + " | ".join(row))
 
 
-def check_end_to_end(device: torch.device, quick: bool) -> None:
+def check_end_to_end(device: torch.device, quick: bool) -> bool:
     with tempfile.TemporaryDirectory(prefix="fastsac_gpu_check_") as tmp:
         cmd = [sys.executable, "-m", "fastsac.launcher", str(REPO / "configs" / "quickstart.yaml"),
                f"device={device}", "trainer.async_options.collector_inference_device=auto",
-               f"trainer.num_iterations={200 if quick else 1500}", f"run_dir={tmp}/run", "job_name=gpucheck"]
+               f"trainer.num_iterations={200 if quick else 1500}", f"run_dir={tmp}/run",
+               f"job_name=gpucheck{os.getpid()}"]   # a concurrent smoke test must not collide
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[") and "env-steps/s" in ln]
@@ -108,6 +113,22 @@ def check_end_to_end(device: torch.device, quick: bool) -> None:
               f"last progress line: {lines[-1] if lines else '(none)'}")
         if proc.returncode:
             print(proc.stderr[-2000:])
+        return proc.returncode == 0
+
+
+def check_learner_contention(device: torch.device, quick: bool) -> bool:
+    sizes = ["--seconds", "1", "--rounds", "1"] if quick else ["--seconds", "3", "--rounds", "3"]
+    if device.type != "cuda":   # the CPU dry run: small learner, few envs
+        sizes += ["--num-envs", "256", "--learner-batch", "256", "--learner-critic-hidden", "128",
+                  "--learner-actor-hidden", "128"]
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_collector_inference.py"),
+                           "--sections", "learner", "--collectors", "1", "2", "--learner-device", str(device), *sizes],
+                          capture_output=True, text=True, timeout=600)
+    for line in proc.stdout.splitlines():
+        print(f"  {line}")
+    if proc.returncode:
+        print(f"  exit {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.returncode == 0
 
 
 def main() -> int:
@@ -121,10 +142,14 @@ def main() -> int:
         return 1
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"gpu_check on {name}, torch {torch.__version__}")
-    for check in (check_updates, check_staging, check_inference, check_end_to_end):
+    failed = []
+    for check in (check_updates, check_staging, check_inference, check_end_to_end, check_learner_contention):
         print(f"{check.__name__}:", flush=True)
-        check(device, args.quick)
-    return 0
+        if check(device, args.quick) is False:
+            failed.append(check.__name__)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Benchmarks are not tests (speed is measured only by running them on purpose, see
 docs/performance.md); this only keeps them from rotting when the code they drive changes.
 """
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_benchmark(script: str, *args: str) -> str:
+def run_benchmark(script: str, *args: str, timeout: float = 120) -> str:
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -36,3 +37,58 @@ def test_bench_ring_measures_push_copy_and_snapshot():
     out = run_benchmark("bench_ring.py", "--envs", "64", "--seconds", "0.2", "--snapshot-mib", "0.1")
     assert "snapshot MiB" in out and "slots/s" in out, out
     assert not list(Path("/dev/shm").glob("fastsac.bench*")), "bench_ring left segments behind"
+
+
+def test_bench_acceptance_prints_every_criterion_and_sums_up():
+    out = run_benchmark("bench_acceptance.py", "--smoke", timeout=400)
+    lines = out.splitlines()
+    for prefix in ("round 1  1 collector", "round 1  2 collectors", "seed 1  sync", "seed 1  1 collector",
+                   "seed 2  2 collectors"):
+        assert any(line.startswith(prefix) for line in lines), (prefix, out)
+    words = {line.split()[0] if line.startswith("perf/") else " ".join(line.split()[:3]): line.split()[-1]
+             for line in lines if line.startswith(("perf/", "returns "))}
+    for row in ("perf/env_steps_per_s", "perf/learn_pct", "perf/updates_per_s", "returns 1 collector",
+                "returns 2 collectors"):
+        assert words.get(row) in ("pass", "FAIL"), (row, out)
+    assert words.get("returns sync (band)") == "(band)", out
+    assert re.fullmatch(r"acceptance: [0-4] of 4 criteria met.*", lines[-1]), out
+    one_node = any(line.startswith("# NOTE: one collector per NUMA node not tested") for line in lines)
+    assert one_node == ("one collector per NUMA node not tested" in lines[-1]), out
+
+
+def test_bench_acceptance_refuses_bad_input_before_running_anything():
+    for args, what in ((["--collectors", "1"], "--collectors: 1"),
+                       (["configs/quickstart.yaml", "env.num_envs=0"], "env.num_envs"),
+                       (["env.num_envs=0"], "env.num_envs")):
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_acceptance.py"), *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and what in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_bench_collectors_scales():
+    pytest.importorskip("mujoco", reason="MuJoCo tasks need the optional extra: pip install 'fastsac[mujoco]'")
+    out = run_benchmark("bench_collectors.py", "--num-envs", "8", "--iterations", "200", "--log-interval", "10",
+                        "--log-interval-s", "0.5", "--collectors", "1", "2", "--no-slow", timeout=300)
+    lines = out.splitlines()
+    for prefix in ("1 collector(s): ", "2 collector(s): ", "scaling 2 vs 1 collector(s): "):
+        assert any(line.startswith(prefix) for line in lines), (prefix, out)
+    assert all("updates/s, learn" in line for line in lines if "collector(s): " in line and "|" in line), out
+
+
+def test_bench_collector_inference_measures_cost_and_learner_contention():
+    out = run_benchmark("bench_collector_inference.py", "--num-envs", "16", "--collectors", "1", "2",
+                        "--hidden", "32", "--seconds", "0.2", "--rounds", "1", "--learner-batch", "64",
+                        "--learner-critic-hidden", "32", "--learner-actor-hidden", "32")
+    lines = out.splitlines()
+    assert any(line.startswith("1 collector(s) x 16 envs: CPU") for line in lines), out
+    assert any(line.startswith("2 collector(s) x 8 envs: CPU") for line in lines), out
+    head = next(i for i, line in enumerate(lines) if "learner upd/s (CPU inference)" in line)
+    assert [line.split()[0] for line in lines[head + 1:head + 4]] == ["0", "1", "2"], out
+
+
+def test_gpu_check_dry_run_on_cpu():
+    out = run_benchmark("gpu_check.py", "--device", "cpu", "--quick", timeout=300)
+    for text in ("check_updates:", "update eager fp32", "staging pageable", "inference 1024 envs: cpu",
+                 "async quick start on cpu: exit 0", "check_learner_contention:", "learner upd/s (CPU inference)"):
+        assert text in out, (text, out)
+

@@ -155,6 +155,7 @@ class Learner:
             self.attach_collectors()
             missing = self.waiting_for()
             self.ctl.learner["waiting_mask"] = sum(1 << f.cid for f in missing)
+            self.telemetry.refresh_status()
             now = time.monotonic()
             if missing and (now - last_report >= WAIT_REPORT_S or last_report == start):
                 last_report = now + (1e-9 if last_report == start else 0.0)

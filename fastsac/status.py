@@ -8,10 +8,12 @@ Where the numbers come from (see fastsac.shm_layout, ControlBlock):
   header        job, incarnation, number of collectors
   ctl.launcher  launcher pid, start time (uptime), stop flag and reason
   ctl.learner   pid, state, heartbeat, env_steps, updates, weight_version (every learner
-                iteration); updates/s and learn% (refreshed at the learner's log interval)
+                iteration); updates/s and learn% (refreshed at the learner's log interval);
+                the collectors it still waits for
   ctl.collector(i)   pid, state, heartbeat, env_steps, loaded weight version
   ctl.supervisor(i)  planned NUMA node, CPUs, restarts, the launcher's state of the slot
-  ctl.ingest(i)      policy lag and ring fill (slots used), as of the learner's last log line
+  ctl.ingest(i)      the learner's view: attached / dropped, policy lag, ring fill (slots used),
+                     refreshed every 0.5 s
 
 env-steps/s is estimated here, not copied: each collector's env_steps counter (written every
 env step) is read twice, SAMPLE_S apart (in --watch: one redraw interval apart), and the
@@ -61,6 +63,8 @@ class CollectorSnap:
     ring_fill: int
     policy_lag: int
     ingested_slots: int
+    feed: str                    # the learner's view: '-' not attached yet, 'attached', 'DROPPED(faults)'
+    snapshot_stuck: bool         # the collector cannot load newer weights (its snapshot looks corrupted)
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,9 @@ def take_snapshot(ctl: "shm.ControlBlock") -> Snapshot:
             heartbeat_age_s=None if hb[i] is None else max(0.0, hb[i]), env_steps=c["env_steps"],
             loaded_weight_version=c["loaded_weight_version"], planned_node=sup["planned_node"], cpus=sup["cpus"],
             restarts=sup["restarts"], sup_state=_enum_name(shm.SupervisorState, sup["state"]),
-            ring_fill=ing["ring_fill"], policy_lag=ing["policy_lag"], ingested_slots=ing["ingested_slots"]))
+            ring_fill=ing["ring_fill"], policy_lag=ing["policy_lag"], ingested_slots=ing["ingested_slots"],
+            feed=(f"DROPPED({ing['faults']})" if ing["dropped"] else "attached" if ing["attached"] else "-"),
+            snapshot_stuck=bool(c["snapshot_stuck_ns"])))
     lstate = _enum_name(shm.ProcState, learner["state"])
     return Snapshot(
         t_ns=now, job=ctl.job, incarnation=ctl.incarnation, num_collectors=ctl.num_collectors,
@@ -217,19 +223,24 @@ def format_status(cur: Snapshot, prev: Snapshot | None = None) -> str:
             f"ingest {_fmt_num(lrate)} env-steps/s")
     else:
         lines.append(f"learner  not started yet ({cur.learner_state})")
-    rows = [("ID", "PID", "STATE", "NODE", "CPUS", "HEARTBEAT", "RESTARTS", "SUPERVISOR", "ENV-STEPS/S",
+    waiting = [i for i in range(cur.num_collectors) if int(lr.get("waiting_mask", 0)) >> i & 1]
+    if waiting:
+        lines.append(f"learner  WAITING for collector(s) {', '.join(map(str, waiting))} to attach: no env step "
+                     "counts until every planned collector has (fastsac-launch CONFIG --plan prints the commands)")
+    rows = [("ID", "PID", "STATE", "NODE", "CPUS", "HEARTBEAT", "RESTARTS", "SUPERVISOR", "LEARNER", "ENV-STEPS/S",
              "LAG", "RING", "WEIGHTS")]
     for c, r in zip(cur.collectors, rates):
         started = c.pid > 0
         rows.append((str(c.cid), str(c.pid) if started else "-", _state(c.state, c.alive),
                      "-" if c.planned_node < 0 else str(c.planned_node), c.cpus or "-",
-                     _fmt_age(c.heartbeat_age_s), str(c.restarts), c.sup_state, _fmt_num(r),
+                     _fmt_age(c.heartbeat_age_s), str(c.restarts), c.sup_state, c.feed, _fmt_num(r),
                      str(c.policy_lag) if c.ingested_slots else "-", str(c.ring_fill) if c.ingested_slots else "-",
-                     f"v{c.loaded_weight_version}" if c.loaded_weight_version else "-"))
+                     (f"v{c.loaded_weight_version}" if c.loaded_weight_version else "-")
+                     + (" STUCK" if c.snapshot_stuck else "")))
     known = [r for r in rates if r is not None]
-    rows.append(("all", "", "", "", "", "", str(sum(c.restarts for c in cur.collectors)), "",
+    rows.append(("all", "", "", "", "", "", str(sum(c.restarts for c in cur.collectors)), "", "",
                  _fmt_num(sum(known)) if known else "-", "", "", ""))
-    right = {0, 1, 6, 8, 9, 10}
+    right = {0, 1, 6, 9, 10, 11}
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     lines.append("")
     for row in rows:
@@ -240,8 +251,9 @@ def format_status(cur: Snapshot, prev: Snapshot | None = None) -> str:
            else "needs two reads >= 0.05s apart")
     lines.append(f"ENV-STEPS/S: each collector's env_steps counter {how} (learner ingest: its env_steps counter, "
                  "same reads).")
-    lines.append("LAG (policy lag, weight versions), RING (slots used), upd/s and learn%: as of the learner's "
-                 "last log line.")
+    lines.append("LEARNER, LAG (policy lag, weight versions), RING (slots used): refreshed by the learner every "
+                 "0.5 s; upd/s and learn%: as of its last log line. DROPPED: the learner refused the collector's "
+                 "data (see learner.log); STUCK: the collector cannot load newer weights.")
     return "\n".join(lines)
 
 

@@ -43,6 +43,7 @@ class Child:
     exit_code: int | None = None
     history: list = field(default_factory=list)
     hung_killed: bool = False   # we SIGKILLed this incarnation for a stale heartbeat
+    faults_seen: int = 0        # the learner's drop count of this collector, as last acted on
 
 
 class Supervisor:
@@ -210,8 +211,24 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             pass
 
+    def _kill_if_dropped(self, c: Child) -> None:
+        """The learner dropped this collector (its ring held data no correct collector writes):
+        kill it, so it is restarted like a crashed one and replaces its ring."""
+        ing = self.ctl.ingest(c.plan.collector_id)
+        if ing["faults"] <= c.faults_seen or not ing["dropped"]:
+            return
+        c.faults_seen = ing["faults"]
+        if c.manual:
+            say(f"{c.name} was dropped by the learner ({ing['fault']}); restart it by hand: {c.plan.command}")
+            return
+        if self.stop_deadline is None:
+            say(f"{c.name} (pid {c.proc.pid}) was dropped by the learner ({ing['fault']}); killing it for a restart "
+                f"(see {self.learner.log_path})")
+            c.proc.kill()
+
     def _watch_collector(self, c: Child, now: float) -> None:
         if c.manual:
+            self._kill_if_dropped(c)
             return
         if c.restart_at is not None:
             if self.stop_deadline is None and now >= c.restart_at:
@@ -231,6 +248,7 @@ class Supervisor:
                     sup["state"] = int(shm.SupervisorState.RUNNING)  # it attached and registered
                 if self.stop_deadline is None and rec["state"] == shm.ProcState.RUNNING:
                     self._kill_if_hung(c, self.ctl.heartbeat_ages_s()[c.plan.collector_id])
+            self._kill_if_dropped(c)
             return
         c.exit_code = rc
         if self.stop_deadline is not None:

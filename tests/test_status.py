@@ -40,12 +40,14 @@ def job(job_name):
                              state=int(L.SupervisorState.RESTARTING))
     lrn.learner.update(pid=os.getpid(), state=int(L.ProcState.RUNNING), heartbeat_ns=now - 1_500_000_000,
                        env_steps=1_234_567, num_updates=8_910, weight_version=118, updates_per_s=9.5,
-                       learn_pct=71.6, started_ns=now)
-    lrn.ingest(0).update(ring_fill=3, policy_lag=2, ingested_slots=40, ingested_env_steps=40 * 16)
+                       learn_pct=71.6, started_ns=now, waiting_mask=0b010)  # still waiting for collector 1
+    lrn.ingest(0).update(ring_fill=3, policy_lag=2, ingested_slots=40, ingested_env_steps=40 * 16, attached=1)
+    lrn.ingest(2).update(attached=1, dropped=1, faults=1, fault="slot 7 is stamped seq 3")
     c0.collector(0).update(pid=os.getpid(), incarnation=1, state=int(L.ProcState.RUNNING),
                            heartbeat_ns=now - 300_000_000, env_steps=50_000, loaded_weight_version=117)
     c2.collector(2).update(pid=2**22 + 7, incarnation=2, state=int(L.ProcState.RUNNING),
-                           heartbeat_ns=now - 42_000_000_000, env_steps=777, loaded_weight_version=90)
+                           heartbeat_ns=now - 42_000_000_000, env_steps=777, loaded_weight_version=90,
+                           snapshot_stuck_ns=now - 9_000_000_000)
     handles = {"launcher": ctl, "learner": lrn, "c0": c0, "c2": c2}
     yield job_name, handles
     for name in ("learner", "c0", "c2"):
@@ -74,12 +76,13 @@ def test_status_shows_every_record(job, capsys):
     r0 = rows["0"]
     assert r0[1:5] == [str(os.getpid()), "RUNNING", "0", "0-7,16-23"]
     assert 0.3 <= float(r0[5].rstrip("s")) < 10, r0
-    assert r0[6:] == ["0", "LAUNCHED", "-", "2", "3", "v117"]      # one read: no rate yet
-    assert rows["1"][1:] == ["-", "EMPTY", "1", "8-15", "-", "0", "MANUAL", "-", "-", "-", "-"]
+    assert r0[6:] == ["0", "LAUNCHED", "attached", "-", "2", "3", "v117"]      # one read: no rate yet
+    assert rows["1"][1:] == ["-", "EMPTY", "1", "8-15", "-", "0", "MANUAL", "-", "-", "-", "-", "-"]
+    assert "learner  WAITING for collector(s) 1 to attach" in text
     r2 = rows["2"]
     assert r2[1:5] == [str(2**22 + 7), "RUNNING(gone)", "1", "24-31"]  # pid not alive: flagged
     assert 42 <= float(r2[5].rstrip("s")) < 60, r2
-    assert r2[6:] == ["1", "RESTARTING", "-", "-", "-", "v90"]      # nothing ingested yet: no lag/ring
+    assert r2[6:] == ["1", "RESTARTING", "DROPPED(1)", "-", "-", "-", "v90", "STUCK"]  # nothing ingested yet
     assert rows["all"][1:] == ["1", "-"]                              # total restarts, total rate
 
 
@@ -96,9 +99,9 @@ def test_env_steps_rate_from_two_reads(job, monkeypatch):
         obs.close()
     text = status.format_status(second, first)
     rows = {line.split()[0]: line.split() for line in text.splitlines() if re.match(r"^\s+(\d+|all)\s", line)}
-    assert rows["0"][8] == "10,000"         # 5,000 steps / 0.5 s
-    assert rows["2"][8] == "-"              # other pid: its counter restarted, no rate
-    assert rows["1"][8] == "-"              # never started
+    assert rows["0"][9] == "10,000"         # 5,000 steps / 0.5 s
+    assert rows["2"][9] == "-"              # other pid: its counter restarted, no rate
+    assert rows["1"][9] == "-"              # never started
     assert rows["all"][-1] == "10,000"
     assert "ingest 20,000 env-steps/s" in text
     assert "read twice 0.50s apart" in text
@@ -108,7 +111,7 @@ def test_env_steps_rate_from_two_reads(job, monkeypatch):
         time.sleep(0.1)
     monkeypatch.setattr(status, "_sleep", moving_sleep)
     live = status.render_status(job_name)
-    rate = next(line.split()[8] for line in live.splitlines() if re.match(r"^\s+0\s", line))
+    rate = next(line.split()[9] for line in live.splitlines() if re.match(r"^\s+0\s", line))
     assert 0 < int(rate.replace(",", "")) <= 30_000, live
 
 

@@ -9,7 +9,8 @@ Four criteria, each a row of one table with a pass/fail word:
 
 Everything runs the real CLI (`python -m fastsac.launcher CONFIG ...`) on the given config and
 its own env.num_envs (the same total for every run). The two setups compared:
-  1 collector:  numa_binding off, default placement: the unbound single collector, the baseline;
+  1 collector:  numa_binding off, default placement: the unbound single collector, the baseline
+                (--baseline slice: bound to the CPUs collector 0 of the N gets instead);
   N collectors: placement spread, binding on (numactl, else in-process), one collector per
                 NUMA node. With fewer usable nodes than collectors (a 1-node machine) the
                 collectors share nodes on disjoint CPU slices (cpus_per_collector; 0 = the
@@ -194,6 +195,10 @@ def parse_args(argv):
     p.add_argument("--updates", type=int, default=None,
                    help="algo.num_updates for the throughput runs (default: the config's; 0 = collection "
                         "only: learn_pct and updates/s are then skipped)")
+    p.add_argument("--baseline", choices=["unbound", "slice"], default="unbound",
+                   help="the 1-collector run: unbound (the acceptance baseline) or bound to the CPUs collector 0 "
+                        "of the N gets (scaling per CPU slice; on a 1-node machine the unbound collector "
+                        "already uses every core)")
     p.add_argument("--phases", nargs="+", choices=["perf", "learning"], default=["perf", "learning"])
     p.add_argument("--rounds", type=int, default=3, help="paired throughput rounds")
     p.add_argument("--seconds", type=float, default=20.0, help="logging time per throughput run")
@@ -245,6 +250,11 @@ def build_setups(args) -> tuple[Setup, Setup, Setup, str | None]:
                                      f"{AO}.numa_binding={binding_on(topo)}",
                                      f"{AO}.cpus_per_collector={args.cpus_per_collector}"])
     one.plan, many.plan = probe, plan(args.config, [*args.overrides, *many.overrides])
+    if args.baseline == "slice":   # the single collector bound to the CPUs of collector 0 of the N
+        c0 = many.plan["collectors"][0]
+        one.overrides = [*common, f"{AO}.num_collectors=1", f"{AO}.numa_binding={binding_on(topo)}",
+                         f"{AO}.numa_nodes=[{c0['node']}]", f"{AO}.cpus_per_collector={len(c0['cpus'])}"]
+        one.plan = plan(args.config, [*args.overrides, *one.overrides])
     untested = None
     if len(usable) < n:
         untested = (f"one collector per NUMA node not tested: {len(usable)} usable NUMA node(s) for {n} "

@@ -6,6 +6,14 @@ without importing torch.
 Validation is strict. Every problem raises `ConfigError` whose message names the full
 dotted key path, the offending value and what would be valid (with the closest key for
 a typo). The CLI turns a ConfigError into exit code 2 before anything touches the disk.
+
+YAML is read strictly too (`load_config` and every override): an empty file, a duplicate key
+and any alias are errors with the file and line. PyYAML would silently run an empty file with
+every default, keep the last of two equal keys, recurse forever on a self-referencing alias and
+expand a few hundred bytes of nested aliases into gigabytes; a job config needs none of that.
+
+Checks that need the machine (CPUs, memory, /dev/shm, GPUs, files) live in fastsac.preflight
+and fastsac.placement; this module checks what the config alone decides.
 """
 from __future__ import annotations
 
@@ -22,6 +30,24 @@ import yaml
 
 class ConfigError(ValueError):
     """Invalid configuration or command-line usage (exit code 2)."""
+
+
+# Every integer ends up in an int64 somewhere (numpy/torch shapes, shared-memory counters): a
+# bigger one would overflow there, far from the key that caused it.
+INT64_MAX = 2**63 - 1
+# Seeds: seed + collector id, seed + 7919 x restarts (collectors) or x iterations (sync trainer)
+# go to numpy SeedSequence (non-negative ints) and torch.manual_seed (at most 2**64 - 1); a
+# 32-bit seed leaves that arithmetic room for any run and is the range most tools accept.
+SEED_MAX = 2**32 - 1
+# A process is declared hung after heartbeat_timeout_s without a beat. One healthy beat interval
+# can reach ~1 s (one reference-size update on a CPU learner, one step of 4096 Humanoid envs on
+# one core), so anything below twice that kills healthy processes.
+MIN_HEARTBEAT_TIMEOUT_S = 2.0
+# A graceful stop lets the learner finish its iteration (up to ~1 s) and write the final
+# checkpoint (a reference-size agent is ~100 MB: seconds on a slow disk) before escalation.
+MIN_STOP_TIMEOUT_S = 5.0
+# restart_backoff_s * 2**restarts must stay a finite float (2**1024 overflows).
+MAX_RESTARTS = 1000
 
 
 def _f(default: Any = dataclasses.MISSING, *, help: str = "", min: float | None = None,
@@ -83,7 +109,9 @@ class AsyncOptions:
     weight_publish_interval: int = _f(8, min=1, help="publish actor weights every N updates")
     weight_poll_interval: int = _f(8, min=1, help="collectors poll their snapshot every N env steps")
     collector_inference_device: str = _f("auto", help="auto | cpu | cuda | cuda:N")
-    numa_binding: Literal["off", "auto", "numactl", "inprocess"] = _f("off")
+    numa_binding: Literal["off", "auto", "numactl", "inprocess"] = _f(
+        "auto", help="auto = bind when it pays: several collectors on a machine with several NUMA nodes, or a "
+                     "placement key below is set; one collector or one node stays unbound")
     placement: Literal["spread", "colocate"] = _f("spread")
     numa_nodes: list[int] = _f(default_factory=list, help="explicit node per collector (overrides placement)")
     cpus_per_collector: int = _f(0, min=0, help="CPUs per collector inside a node; 0 = the node's CPUs shared evenly")
@@ -92,13 +120,13 @@ class AsyncOptions:
     collector_wait_s: float = _f(600.0, min=0.0, min_exclusive=True,
                                  help="the learner holds the job (no env step counts) until every planned collector, "
                                       "manual ones included, attached once; fail after this long")
-    max_restarts: int = _f(3, min=0, help="restarts per collector before the job stops")
+    max_restarts: int = _f(3, min=0, max=MAX_RESTARTS, help="restarts per collector before the job stops")
     restart_backoff_s: float = _f(1.0, min=0.0, help="delay before a restart; doubles with each restart")
     restart_reset_s: float = _f(600.0, min=0.0, min_exclusive=True,
                                 help="a collector that ran this long since its last restart starts counting afresh")
-    heartbeat_timeout_s: float = _f(30.0, min=0.0, min_exclusive=True,
+    heartbeat_timeout_s: float = _f(30.0, min=MIN_HEARTBEAT_TIMEOUT_S,
                                     help="a process whose heartbeat is older than this is considered dead")
-    stop_timeout_s: float = _f(120.0, min=0.0, min_exclusive=True,
+    stop_timeout_s: float = _f(120.0, min=MIN_STOP_TIMEOUT_S,
                                help="graceful stop (final checkpoint) deadline before SIGTERM/SIGKILL escalation")
 
 
@@ -127,7 +155,7 @@ class CheckpointConfig:
 class Config:
     job_name: str = _f("fastsac", help="names the shared-memory segments: [A-Za-z0-9_-], at most 32 characters")
     run_dir: str = _f("", help="TensorBoard logs, checkpoints and process logs; '' = runs/<job_name>")
-    seed: int = _f(1, min=0)
+    seed: int = _f(1, min=0, max=SEED_MAX, help="every seed of the job derives from it (collector i: seed + i)")
     device: str = _f("auto", help="learner device: auto | cpu | cuda | cuda:N")
     resume: str = _f("", help="'' = fresh start, 'auto' = newest valid checkpoint in run_dir, or a .pt path")
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -141,8 +169,9 @@ class Config:
         return Path(self.run_dir or f"runs/{self.job_name}")
 
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+# \A...\Z, never ^...$: '$' also matches before a final newline, and "name\n" would pass.
+JOB_NAME_RE = re.compile(r"\A[A-Za-z0-9_-]{1,32}\Z")
+_DEVICE_RE = re.compile(r"\A(auto|cpu|cuda(:\d+)?)\Z")
 
 
 # --------------------------------------------------------------------------- loading
@@ -179,7 +208,12 @@ def _coerce(path: str, value: Any, tp: Any, meta: dict) -> Any:
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected an integer")
+            hint = ""
+            if isinstance(value, str) and _looks_numeric(value):
+                hint = f" (YAML reads {value} as text; write the integer's digits)"
+            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected an integer{hint}")
+        if meta.get("max") is None:
+            meta = {**meta, "max": INT64_MAX}
     elif tp is float:
         if isinstance(value, str):  # YAML 1.1 reads '3e-4' as a string; accept what float() accepts
             try:
@@ -196,13 +230,20 @@ def _coerce(path: str, value: Any, tp: Any, meta: dict) -> Any:
             raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected a string")
         return value
     lo, hi = meta.get("min"), meta.get("max")
-    if lo is not None and (value < lo or (meta.get("min_exclusive") and value == lo)):
-        rel = ">" if meta.get("min_exclusive") else ">="
-        valid = f"{rel} {lo}" + (f" and <= {hi}" if hi is not None else "")
-        raise ConfigError(f"{path}: {value!r} is out of range; expected a value {valid}")
-    if hi is not None and value > hi:
-        raise ConfigError(f"{path}: {value!r} is out of range; expected a value <= {hi}")
+    too_low = lo is not None and (value < lo or (meta.get("min_exclusive") and value == lo))
+    if too_low or (hi is not None and value > hi):
+        valid = [f"{'>' if meta.get('min_exclusive') else '>='} {lo}"] if lo is not None else []
+        valid += [f"<= {hi}"] if hi is not None else []
+        raise ConfigError(f"{path}: {value!r} is out of range; expected a value {' and '.join(valid)}")
     return value
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -228,6 +269,24 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+# Placement keys that only mean something when processes are bound: (key, is it set?).
+def placement_keys_set(ao: AsyncOptions) -> list[str]:
+    """The placement keys of `ao` that ask for a binding (numa_binding 'auto' binds when any is set)."""
+    return [k for k, on in (("numa_nodes", bool(ao.numa_nodes)), ("cpus_per_collector", ao.cpus_per_collector > 0),
+                            ("learner_numa_node", ao.learner_numa_node >= 0),
+                            ("placement", ao.placement != "spread")) if on]
+
+
+def check_binding_keys(ao: AsyncOptions) -> None:
+    """numa_binding 'off' with a placement key is a contradiction: say so instead of ignoring the key."""
+    if ao.numa_binding != "off":
+        return
+    for key in placement_keys_set(ao):
+        raise ConfigError(f"trainer.async_options.{key}: {getattr(ao, key)!r} contradicts "
+                          f"trainer.async_options.numa_binding: 'off' (nothing is bound with 'off'); remove {key}, "
+                          "or set numa_binding to 'auto', 'numactl' or 'inprocess'")
+
+
 def _check_cross_fields(cfg: Config) -> None:
     if not JOB_NAME_RE.match(cfg.job_name):
         raise ConfigError(f"job_name: {cfg.job_name!r} cannot name a shared-memory segment; "
@@ -243,7 +302,13 @@ def _check_cross_fields(cfg: Config) -> None:
         raise ConfigError(f"algo.log_std_min: {a.log_std_min} must be below algo.log_std_max ({a.log_std_max})")
     if a.num_steps >= a.buffer_size:
         raise ConfigError(f"algo.num_steps: {a.num_steps} must be below algo.buffer_size ({a.buffer_size})")
+    steps = cfg.trainer.num_iterations * cfg.env.num_envs
+    if steps > INT64_MAX:  # env-step counters (checkpoints, control block, metrics) are int64
+        raise ConfigError(f"trainer.num_iterations: {cfg.trainer.num_iterations} iterations x env.num_envs "
+                          f"{cfg.env.num_envs} = {steps} env steps do not fit the 64-bit step counters; "
+                          f"expected a product <= {INT64_MAX}")
     ao = cfg.trainer.async_options
+    check_binding_keys(ao)
     if cfg.env.num_envs < ao.num_collectors:
         raise ConfigError(f"env.num_envs: {cfg.env.num_envs} is fewer than trainer.async_options.num_collectors "
                           f"({ao.num_collectors}); every collector needs at least one env")
@@ -266,7 +331,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: the key {key!r} is not a dotted key path")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = strict_yaml_load(raw) if raw.strip() else ""
+    except YamlInputError as exc:
+        raise ConfigError(f"override {key}: {exc.message} in value {raw!r}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
     return key.split("."), value
@@ -294,31 +361,101 @@ def config_from_dict(data: dict | None, overrides: list[str] = ()) -> Config:
     return cfg
 
 
+class YamlInputError(yaml.YAMLError):
+    """YAML that parses but a job config refuses (empty, duplicate key, alias), with its line."""
+
+    def __init__(self, message: str, line: int):
+        super().__init__(f"line {line}: {message}")
+        self.message, self.line = message, line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases while composing, before anything can be expanded."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise YamlInputError(f"alias *{event.anchor}: YAML aliases are not allowed in a job config; write the "
+                                 "value out", event.start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_keys(loader: _StrictLoader, node: yaml.Node, path: str) -> None:
+    """Refuse duplicate keys (PyYAML keeps the last one silently) and merge keys."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_keys(loader, item, f"{path}[{i}]")
+        return
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict = {}
+    for key_node, value_node in node.value:
+        line = key_node.start_mark.line + 1
+        if key_node.tag == _MERGE_TAG:
+            raise YamlInputError("merge key '<<' is not allowed in a job config; write the keys out", line)
+        key = loader.construct_object(key_node, deep=True)
+        name = f"{path}.{key}" if path else str(key)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: construct_document reports it
+            continue
+        if first is not None:
+            raise YamlInputError(f"duplicate key {name!r} (first at line {first}); every key may appear once", line)
+        seen[key] = line
+        _check_keys(loader, value_node, name)
+
+
+def strict_yaml_load(text: str) -> Any:
+    """yaml.safe_load without aliases, merge keys or duplicate keys (YamlInputError names the line)."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_keys(loader, node, "")
+        return loader.construct_document(node)
+    except RecursionError:
+        raise YamlInputError("nested too deeply", 1) from None
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Load and validate a job config. Raises ConfigError (exit 2) on any problem."""
+    """Load and validate a job config. Raises ConfigError (exit 2) on any problem.
+
+    The one place a config file is read: the launcher, the sync trainer, the learner and every
+    collector process all come through here.
+    """
     data: dict = {}
     if path is not None:
         p = Path(path)
+        where = f"config file {str(p)!r}"
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist" if not p.exists()
-                              else f"config file {str(p)!r} is not a regular file")
+            raise ConfigError(f"{where} does not exist" if not p.exists() else f"{where} is not a regular file")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+            text = p.read_text()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
+            raise ConfigError(f"{where} cannot be read: {exc}") from None
+        try:
+            data = strict_yaml_load(text)
+        except YamlInputError as exc:
+            raise ConfigError(f"{where}, line {exc.line}: {exc.message}") from None
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            context = f" ({exc.context})" if exc.context else ""
+            raise ConfigError(f"{where}{at}: not valid YAML: {exc.problem}{context}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{where} is not valid YAML: {exc}") from None
+        if data is None:  # an empty or truncated file would otherwise run with every default
+            raise ConfigError(f"{where}, line 1: no settings (the file is empty or only comments); a job config "
+                              "sets at least job_name (write {} to run with every default)")
         if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(p)!r}: expected a mapping of keys at the top, got {type(data).__name__}")
-    return config_from_dict(_deep_copy(data), overrides)
-
-
-def _deep_copy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _deep_copy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_deep_copy(v) for v in data]
-    return data
+            raise ConfigError(f"{where}, line 1: expected a mapping of keys at the top, got {type(data).__name__}")
+    return config_from_dict(data, overrides)
 
 
 def config_to_dict(cfg: Config) -> dict:

@@ -51,18 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_run_dir(cfg: Config) -> None:
-    """Refuse early (exit 2) when run_dir cannot be created or written."""
-    import os
-    path = cfg.run_path
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"run_dir: {str(path)!r} is not writable (nearest existing parent {str(probe)!r} "
-                          "is not a writable directory); choose another run_dir")
-    if path.exists() and not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"run_dir: {str(path)!r} is not writable; choose another run_dir")
+def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool) -> None:
+    """Every check that can run before a process is spawned or a file is created; ConfigError = exit 2.
+
+    A launch, `--plan` and `--check-numa` all pass through here, so a plan that prints is a job that
+    starts. config.py has already checked what the config alone decides and plan_job what the
+    topology decides (nodes, CPUs per collector, the collector maximum); these need the machine
+    as it is now. New pre-spawn checks belong in this function.
+    """
+    from fastsac import preflight
+    preflight.check_run_dir(cfg)
+    preflight.check_resume(cfg)
+    from fastsac.checkpoint import check_fresh_run_dir  # torch-free
+    check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
+    preflight.check_devices(cfg)
+    preflight.check_memory(cfg, spec)
+    if uses_segments:
+        preflight.check_shared_memory(cfg, plan, spec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,17 +83,15 @@ def main(argv: list[str] | None = None) -> int:
             print(config_to_yaml(cfg), end="")
             return EXIT_OK
         from fastsac.envs.registry import env_spec
-        env_spec(cfg.env.name, cfg.env.max_episode_steps)  # unknown gymnasium id / missing extra -> exit 2
+        spec = env_spec(cfg.env.name, cfg.env.max_episode_steps)  # unknown gymnasium id / missing extra -> exit 2
         plan = None
         if cfg.trainer.asynchronous or args.plan or args.check_numa:
             from fastsac.placement import plan_job
             from fastsac.topology import discover_topology
             plan = plan_job(cfg, discover_topology(), os.path.abspath(args.config), args.overrides)
+        check_before_spawn(cfg, plan, spec, uses_segments=cfg.trainer.asynchronous or args.check_numa)
         if args.plan:
             return print_plan(plan, args.json)
-        check_run_dir(cfg)
-        from fastsac.checkpoint import check_fresh_run_dir  # torch-free
-        check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
     except ConfigError as exc:
         print(f"fastsac-launch: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE

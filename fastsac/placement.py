@@ -7,7 +7,12 @@ it with `format_plan`; tests check it field by field.
 
 Rules (the why is in docs/design.md, "Topology and placement"):
   * binding   'off': no numactl, no binding, every process on all allowed CPUs (node None).
-              'auto': numactl when installed (and the kernel has NUMA), else 'inprocess'.
+              A placement key (numa_nodes, cpus_per_collector, learner_numa_node, placement
+              'colocate') with 'off' is a contradiction (ConfigError), never silently ignored.
+              'auto' (default): binds when it pays, i.e. several collectors on a machine where
+              this process may use several NUMA nodes, or a placement key asks for it; then
+              numactl when installed (and the kernel has NUMA), else 'inprocess'. Otherwise it
+              is 'off' (one collector, or one usable node), with the exact unbound plan.
               'numactl': argv is prefixed with `numactl --cpunodebind=N --membind=N` (or
               `--physcpubind=<cpus>` when the process gets a slice of a node: --cpunodebind
               would hand it the whole node and the slice would be a wish, not a binding).
@@ -37,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 from fastsac.binding import thread_env
-from fastsac.config import Config, ConfigError
+from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
 from fastsac.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
@@ -187,9 +192,26 @@ def _check_node(key: str, node_id: int, topo: Topology) -> NumaNode:
     return node
 
 
-def _resolve_binding(requested: str, numactl: str | None, topo: Topology, notes: list[str]) -> BindingMethod:
+def _auto_binds(ao: AsyncOptions, topo: Topology, notes: list[str]) -> bool:
+    """Does numa_binding 'auto' bind this job? Several collectors and several usable nodes, or a
+    placement key that only means something bound. One collector stays unbound (its plan is the
+    same as with 'off'): binding it would only move the learner and it away from each other."""
+    if placement_keys_set(ao):
+        return True
+    if ao.num_collectors > 1 and len(topo.usable_nodes) > 1:
+        return True
+    if ao.num_collectors > 1:
+        notes.append(f"numa_binding 'auto' binds nothing: this process can use one NUMA node only; set {_AO}."
+                     "numa_binding to 'numactl' or 'inprocess' (or give cpus_per_collector) to pin collectors "
+                     "to CPU slices of it")
+    return False
+
+
+def _resolve_binding(ao: AsyncOptions, numactl: str | None, topo: Topology, notes: list[str]) -> BindingMethod:
     key = f"{_AO}.numa_binding"
+    requested = ao.numa_binding
     if requested == "off":
+        check_binding_keys(ao)  # config.py refuses a placement key with 'off' too; the plan must not trust it
         return "off"
     if requested == "numactl":
         if not numactl:
@@ -202,6 +224,8 @@ def _resolve_binding(requested: str, numactl: str | None, topo: Topology, notes:
                               "use 'inprocess', 'auto' or 'off'")
         return "numactl"
     if requested == "auto":
+        if not _auto_binds(ao, topo, notes):
+            return "off"
         if numactl and topo.numa_supported:
             return "numactl"
         notes.append("numa_binding 'auto' -> 'inprocess': " + (
@@ -295,26 +319,27 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     the config the launcher validated. numactl_path: default shutil.which('numactl'); None =
     numactl is not available (tests pass both explicitly).
     """
+    from fastsac.shm_layout import MAX_COLLECTORS  # the layout's constant (numpy is imported only here)
     numactl = shutil.which("numactl") if isinstance(numactl_path, _Which) else numactl_path
     ao = cfg.trainer.async_options
     n = ao.num_collectors
+    if n > MAX_COLLECTORS:  # the control block has a fixed record per possible collector
+        raise ConfigError(f"{_AO}.num_collectors: {n} is out of range; a job has at most {MAX_COLLECTORS} "
+                          "collectors (the shared-memory layout's maximum)")
     blocks = split_envs(cfg.env.num_envs, n)
     for i, cid in enumerate(ao.manual_collectors):
         if not 0 <= cid < n:
             raise ConfigError(f"{_AO}.manual_collectors[{i}]: {cid} is not a collector id; valid ids are 0..{n - 1}")
     overrides = [str(o) for o in overrides]
     notes: list[str] = []
-    method = _resolve_binding(ao.numa_binding, numactl, topo, notes)
+    method = _resolve_binding(ao, numactl, topo, notes)
 
     if method == "off":
-        # Say what a forgotten numa_binding switch silently drops ('spread' is the default).
-        ignored = [k for k, on in (("numa_nodes", bool(ao.numa_nodes)),
-                                   ("cpus_per_collector", ao.cpus_per_collector > 0),
-                                   ("learner_numa_node", ao.learner_numa_node >= 0),
-                                   ("placement", ao.placement != "spread")) if on]
-        if ignored:
-            notes.append(f"numa_binding is 'off': {', '.join(ignored)} ignored; set {_AO}.numa_binding to "
-                         "'auto' to use them")
+        have = len(topo.allowed_cpus)
+        if n > have:  # the bound case checks this per node in _cpu_slices
+            raise ConfigError(f"{_AO}.num_collectors: {n} collectors but this process may use only {have} "
+                              f"CPU{'s' if have != 1 else ''} ({format_cpulist(topo.allowed_cpus)}); every collector "
+                              f"needs its own CPU: use at most {have} collector{'s' if have != 1 else ''}")
         learner_node, nodes, placement = None, [None] * n, "none"
         learner_cpus, slices = topo.allowed_cpus, [topo.allowed_cpus] * n
     else:
@@ -397,7 +422,9 @@ def _env_range(p: ProcessPlan) -> str:
 def format_plan(plan: JobPlan) -> str:
     """Human-readable plan: topology, one table row per process, then the exact commands."""
     head = (f"job plan: 1 learner + {len(plan.collectors)} collector(s); NUMA binding {plan.binding}"
-            + (f" (requested {plan.requested_binding})" if plan.requested_binding != plan.binding else "")
+            # 'auto' that binds nothing prints exactly what 'off' prints (the default job's plan)
+            + (f" (requested {plan.requested_binding})"
+               if plan.requested_binding != plan.binding and plan.binding != "off" else "")
             + (f", placement {plan.placement}" if plan.placement != "none" else ""))
     rows = [("process", "node", "CPUs", "envs", "seed", "device", "threads", "binding")]
     for p in plan.processes:

@@ -17,7 +17,7 @@ def test_defaults_are_reference_values():
     assert (cfg.algo.gamma, cfg.algo.tau, cfg.algo.alpha_init) == (0.97, 0.125, 0.001)
     assert cfg.trainer.asynchronous is True
     ao = cfg.trainer.async_options
-    assert ao.num_collectors == 1 and ao.numa_binding == "off"  # backward compatible default
+    assert ao.num_collectors == 1 and ao.numa_binding == "auto"  # binds only what is worth binding (placement)
 
 
 def test_overrides_are_typed():
@@ -47,7 +47,7 @@ def test_yaml_float_without_dot_is_accepted(tmp_path):
     ({}, ["trainer.num_iteration=5"], "did you mean 'trainer.num_iterations'"),
     ({"algo": {"batch_size": "big"}}, [], "algo.batch_size: 'big' is a str; expected an integer"),
     ({"algo": {"batch_size": 1.5}}, [], "algo.batch_size: 1.5 is a float; expected an integer"),
-    ({"algo": {"gamma": 1.5}}, [], "algo.gamma: 1.5 is out of range; expected a value <= 1.0"),
+    ({"algo": {"gamma": 1.5}}, [], "algo.gamma: 1.5 is out of range; expected a value >= 0.0 and <= 1.0"),
     ({"algo": {"num_updates": -1}}, [], "algo.num_updates: -1 is out of range; expected a value >= 0"),
     ({"trainer": {"asynchronous": "yes"}}, [], "trainer.asynchronous: 'yes' is a str; expected true or false"),
     ({"trainer": {"async_options": {"utd_mode": "fast"}}}, [],
@@ -75,7 +75,7 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("algo: [unclosed\n")
-    with pytest.raises(ConfigError, match="is not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
 
 
@@ -94,3 +94,120 @@ def test_cli_unwritable_run_dir_exits_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fastsac.launcher", str(REPO / "configs/quickstart.yaml"),
                            f"run_dir={blocker}/sub"], capture_output=True, text=True)
     assert proc.returncode == 2 and "run_dir" in proc.stderr and "not writable" in proc.stderr
+
+
+# --------------------------------------------------------------------------- strict YAML
+
+ALIAS_BOMB = "".join(
+    f"{k}: &{k} [{', '.join(['*' + p] * 9 if p else ['lol'] * 9)}]\n"
+    for p, k in zip(["", "a", "b", "c", "d", "e", "f", "g", "h"], "abcdefghi"))
+
+
+def _load_error(tmp_path, text: str) -> str:
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", "config file '{p}', line 1: no settings (the file is empty or only comments)"),
+    ("# only a comment\n\n", "config file '{p}', line 1: no settings (the file is empty or only comments)"),
+    ("seed: 1\nenv:\n  num_envs: 4\nseed: 2\n",
+     "config file '{p}', line 4: duplicate key 'seed' (first at line 1); every key may appear once"),
+    ("env:\n  num_envs: 4\n  name: pendulum\n  num_envs: 8\n",
+     "config file '{p}', line 4: duplicate key 'env.num_envs' (first at line 2); every key may appear once"),
+    ("a: &a [*a]\n", "config file '{p}', line 1: alias *a: YAML aliases are not allowed in a job config"),
+    ("base: &b {num_envs: 4}\nenv:\n  <<: *b\n",
+     "config file '{p}', line 3: alias *b: YAML aliases are not allowed in a job config"),
+    (ALIAS_BOMB, "config file '{p}', line 2: alias *a: YAML aliases are not allowed in a job config"),
+    ("seed: [1\n", "config file '{p}', line 2"),
+    ("- 1\n- 2\n", "config file '{p}', line 1: expected a mapping of keys at the top, got list"),
+])
+def test_strict_yaml(tmp_path, text, expected):
+    assert len(ALIAS_BOMB) < 500
+    assert expected.format(p=tmp_path / "job.yaml") in _load_error(tmp_path, text)
+
+
+def test_explicit_empty_mapping_is_all_defaults(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("{}\n")
+    assert load_config(p) == config_from_dict({})
+
+
+def test_overrides_are_strict_too():
+    with pytest.raises(ConfigError, match="override trainer.async_options.numa_nodes: .*duplicate key|alias"):
+        config_from_dict({}, ["trainer.async_options.numa_nodes=[*a]"])
+    with pytest.raises(ConfigError, match="duplicate key 'num_envs'"):
+        config_from_dict({}, ["env={num_envs: 4, num_envs: 8}"])
+
+
+@pytest.mark.parametrize("name", ["name\n", "name\r\n", "a" * 32 + "\n"])
+def test_job_name_is_matched_whole(name):
+    with pytest.raises(ConfigError, match="job_name: .* cannot name a shared-memory segment"):
+        config_from_dict({"job_name": name})
+
+
+@pytest.mark.parametrize("key", ["device", "trainer.async_options.collector_inference_device"])
+def test_device_is_matched_whole(key):
+    with pytest.raises(ConfigError, match=f"{key}: 'cuda\\\\n' is not valid"):
+        config_from_dict({}, [f'{key}="cuda\\n"'])
+
+
+@pytest.mark.parametrize("module", ["fastsac.launcher", "fastsac.collector_main", "fastsac.learner_main"])
+@pytest.mark.parametrize("text, fragment", [
+    ("", "line 1: no settings"),
+    ("seed: 1\nseed: 2\n", "line 2: duplicate key 'seed' (first at line 1)"),
+    ("a: &a [*a]\n", "line 1: alias *a"),
+    (ALIAS_BOMB, "line 2: alias *a"),
+])
+def test_every_entry_point_loads_strictly(tmp_path, module, text, fragment):
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    args = {"fastsac.launcher": [str(p), "--plan"], "fastsac.learner_main": ["--config", str(p)],
+            "fastsac.collector_main": ["--config", str(p), "--collector-id", "0"]}[module]
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert f"config file '{p}', {fragment}" in proc.stderr
+    assert list(tmp_path.iterdir()) == [p]
+
+
+# --------------------------------------------------------------------------- ranges and contradictions
+
+@pytest.mark.parametrize("data, overrides, expected", [
+    ({"seed": 2**32}, [], "seed: 4294967296 is out of range; expected a value >= 0 and <= 4294967295"),
+    ({"seed": -1}, [], "seed: -1 is out of range; expected a value >= 0 and <= 4294967295"),
+    ({"seed": 3.0}, [], "seed: 3.0 is a float; expected an integer"),
+    ({"env": {"num_envs": 2**63}}, [],
+     "env.num_envs: 9223372036854775808 is out of range; expected a value >= 1 and <= 9223372036854775807"),
+    ({"env": {"num_envs": 2**40}, "trainer": {"num_iterations": 2**40}}, [],
+     "trainer.num_iterations: 1099511627776 iterations x env.num_envs 1099511627776 = 1208925819614629174706176 "
+     "env steps do not fit the 64-bit step counters"),
+    ({"trainer": {"async_options": {"heartbeat_timeout_s": 1.9}}}, [],
+     "trainer.async_options.heartbeat_timeout_s: 1.9 is out of range; expected a value >= 2.0"),
+    ({"trainer": {"async_options": {"stop_timeout_s": 4}}}, [],
+     "trainer.async_options.stop_timeout_s: 4.0 is out of range; expected a value >= 5.0"),
+    ({"trainer": {"async_options": {"max_restarts": 1001}}}, [],
+     "trainer.async_options.max_restarts: 1001 is out of range; expected a value >= 0 and <= 1000"),
+    ({"trainer": {"async_options": {"numa_binding": "off", "numa_nodes": [0]}}}, [],
+     "trainer.async_options.numa_nodes: [0] contradicts trainer.async_options.numa_binding: 'off' (nothing is "
+     "bound with 'off'); remove numa_nodes, or set numa_binding to 'auto', 'numactl' or 'inprocess'"),
+    ({"trainer": {"async_options": {"numa_binding": "off", "cpus_per_collector": 2}}}, [],
+     "trainer.async_options.cpus_per_collector: 2 contradicts trainer.async_options.numa_binding: 'off'"),
+    ({"trainer": {"async_options": {"numa_binding": "off", "learner_numa_node": 0}}}, [],
+     "trainer.async_options.learner_numa_node: 0 contradicts trainer.async_options.numa_binding: 'off'"),
+    ({"trainer": {"async_options": {"placement": "colocate"}}}, ["trainer.async_options.numa_binding=off"],
+     "trainer.async_options.placement: 'colocate' contradicts trainer.async_options.numa_binding: 'off'"),
+])
+def test_range_and_contradiction_errors(data, overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, overrides)
+    assert expected in str(info.value)
+
+
+def test_binding_default_is_auto_and_the_keys_need_no_second_switch():
+    ao = config_from_dict({}).trainer.async_options
+    assert ao.numa_binding == "auto"
+    assert config_from_dict({}, ["trainer.async_options.numa_nodes=[0]"]).trainer.async_options.numa_nodes == [0]

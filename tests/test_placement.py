@@ -99,11 +99,75 @@ def test_default_numactl_path_is_looked_up_on_path(two, monkeypatch):
     assert p.binding == "numactl" and p.collectors[0].argv[0] == "/found/numactl"
 
 
-def test_binding_off_says_which_options_it_ignores(two):
-    p = plan(cfg(num_collectors=2, numa_nodes=[1, 0], cpus_per_collector=1, learner_numa_node=1,
-                 placement="colocate"), two)
-    assert p.notes == ("numa_binding is 'off': numa_nodes, cpus_per_collector, learner_numa_node, placement "
-                       "ignored; set trainer.async_options.numa_binding to 'auto' to use them",)
+@pytest.mark.parametrize("key, value", [("numa_nodes", [1, 0]), ("cpus_per_collector", 1),
+                                        ("learner_numa_node", 1), ("placement", "colocate")])
+def test_binding_off_with_a_placement_key_is_a_contradiction(two, key, value):
+    message = (f"trainer.async_options.{key}: {value!r} contradicts trainer.async_options.numa_binding: 'off' "
+               f"(nothing is bound with 'off'); remove {key}, or set numa_binding to 'auto', 'numactl' or "
+               "'inprocess'")
+    with pytest.raises(ConfigError) as exc:   # config.py refuses it ...
+        cfg(num_collectors=2, numa_binding="off", **{key: value})
+    assert str(exc.value) == message
+    with pytest.raises(ConfigError) as exc:   # ... and so does the plan, which must not trust its caller
+        plan_job(_raw(num_collectors=2, numa_binding="off", **{key: value}), two, CFG, [], PY, NUMACTL)
+    assert str(exc.value) == message
+
+
+# --------------------------------------------------------------------------- numa_binding: auto (the default)
+
+def test_auto_binds_several_collectors_on_several_nodes_without_a_second_switch(two):
+    c = cfg(num_collectors=2)
+    assert c.trainer.async_options.numa_binding == "auto"
+    p = plan(c, two)
+    assert (p.binding, p.requested_binding, p.placement) == ("numactl", "auto", "spread")
+    assert [(x.node, x.cpus) for x in p.collectors] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
+    assert p.learner.node == 1 and p.learner.argv[:3] == (NUMACTL, "--cpunodebind=1", "--membind=1")
+    assert plan(cfg(num_collectors=2), two, numactl=None).binding == "inprocess"
+
+
+@pytest.mark.parametrize("numactl", [None, NUMACTL])
+def test_auto_with_one_collector_is_exactly_the_unbound_plan(two, numactl):
+    auto, off = plan(cfg(), two, numactl=numactl), plan(cfg(numa_binding="off"), two, numactl=numactl)
+    assert auto.binding == "off" and auto.requested_binding == "auto"
+    assert auto.processes == off.processes and auto.notes == off.notes == ()
+    assert format_plan(auto) == format_plan(off)   # byte-identical --plan output
+
+
+def test_auto_on_one_node_binds_nothing_and_says_why(tmp_path):
+    t = discover_topology(build_sysfs(tmp_path, {0: "0-3"}))
+    p = plan(cfg(num_collectors=2), t)
+    assert p.binding == "off" and all(x.node is None for x in p.processes)
+    assert p.notes == ("numa_binding 'auto' binds nothing: this process can use one NUMA node only; set "
+                       "trainer.async_options.numa_binding to 'numactl' or 'inprocess' (or give cpus_per_collector) "
+                       "to pin collectors to CPU slices of it",)
+
+
+@pytest.mark.parametrize("key, value", [("numa_nodes", [0, 0]), ("cpus_per_collector", 2), ("learner_numa_node", 0),
+                                        ("placement", "colocate")])
+def test_auto_binds_when_a_placement_key_asks_for_it(tmp_path, key, value):
+    t = discover_topology(build_sysfs(tmp_path, {0: "0-3"}))
+    p = plan(cfg(num_collectors=2, **{key: value}), t)
+    assert p.binding == "numactl" and [x.node for x in p.processes] == [0, 0, 0]
+    assert plan(cfg(num_collectors=1, **({key: [0]} if key == "numa_nodes" else {key: value})), t).binding == "numactl"
+
+
+def test_collectors_beyond_the_layout_maximum_are_refused(tmp_path):
+    from fastsac.shm_layout import MAX_COLLECTORS
+    t = discover_topology(build_sysfs(tmp_path, {0: "0-99", 1: "100-199"}))
+    n = MAX_COLLECTORS + 1
+    with pytest.raises(ConfigError) as exc:
+        plan_job(cfg(num_envs=n, num_collectors=n), t, CFG, [], PY, NUMACTL)
+    assert str(exc.value) == (f"trainer.async_options.num_collectors: {n} is out of range; a job has at most "
+                              f"{MAX_COLLECTORS} collectors (the shared-memory layout's maximum)")
+    assert len(plan(cfg(num_envs=n, num_collectors=MAX_COLLECTORS), t).collectors) == MAX_COLLECTORS
+
+
+def test_unbound_collectors_need_a_cpu_each(two):
+    with pytest.raises(ConfigError) as exc:
+        plan_job(cfg(num_collectors=9, numa_binding="off"), two, CFG, [], PY, NUMACTL)
+    assert str(exc.value) == ("trainer.async_options.num_collectors: 9 collectors but this process may use only 8 "
+                              "CPUs (0-7); every collector needs its own CPU: use at most 8 collectors")
+    assert len(plan(cfg(num_collectors=8, numa_binding="off"), two).collectors) == 8
 
 
 # --------------------------------------------------------------------------- spread / colocate / explicit
@@ -235,7 +299,7 @@ def test_auto_with_numactl_uses_it(two):
 
 def test_auto_on_a_kernel_without_numa_binds_in_process(tmp_path):
     t = discover_topology(build_sysfs(tmp_path, None, cpu_online="0-3"))
-    p = plan(cfg(num_collectors=2, numa_binding="auto"), t)
+    p = plan(cfg(num_collectors=2, numa_binding="auto", cpus_per_collector=2), t)
     assert p.binding == "inprocess" and [x.cpus for x in p.collectors] == [(0, 1), (2, 3)]
     assert any("kernel exposes no NUMA nodes" in n for n in p.notes)
 
@@ -319,7 +383,7 @@ def test_plan_dataclasses_are_frozen(two):
 
 def _raw(**ao):
     """A config that bypasses config.py's checks, to prove the plan guards on its own."""
-    c = cfg()
+    c = cfg(num_envs=ao.pop("num_envs", 4096))
     for k, v in ao.items():
         setattr(c.trainer.async_options, k, v)
     return c
@@ -365,8 +429,8 @@ RAW_ERRORS = [
      "trainer.async_options.learner_numa_node: -2 is not valid; expected -1 (the GPU's node) or a node id (0, 1)"),
     ("zero collectors", dict(num_collectors=0),
      "trainer.async_options.num_collectors: 0 is out of range; expected a value >= 1"),
-    ("fewer envs than collectors", dict(num_collectors=5000),
-     "env.num_envs: 4096 is fewer than trainer.async_options.num_collectors (5000); every collector needs at "
+    ("fewer envs than collectors", dict(num_collectors=5, num_envs=4),
+     "env.num_envs: 4 is fewer than trainer.async_options.num_collectors (5); every collector needs at "
      "least one env"),
     ("manual id", dict(num_collectors=2, manual_collectors=[2]),
      "trainer.async_options.manual_collectors[0]: 2 is not a collector id; valid ids are 0..1"),
@@ -407,11 +471,13 @@ def test_error_unusable_learner_node(tmp_path):
 def test_error_no_usable_node_at_all(tmp_path):
     t = discover_topology(two_nodes(tmp_path), mems_allowed=[])
     with pytest.raises(ConfigError) as exc:
-        plan_job(cfg(numa_binding="auto"), t, CFG, [], PY, NUMACTL)
-    assert str(exc.value).startswith("trainer.async_options.numa_binding: 'auto' needs a usable NUMA node but this "
-                                     "process can use none: node 0: it is not in this process's Mems_allowed_list")
+        plan_job(cfg(numa_binding="inprocess"), t, CFG, [], PY, NUMACTL)
+    assert str(exc.value).startswith("trainer.async_options.numa_binding: 'inprocess' needs a usable NUMA node but "
+                                     "this process can use none: node 0: it is not in this process's "
+                                     "Mems_allowed_list")
     assert str(exc.value).endswith("; fix the cpuset/affinity or set numa_binding: off")
     plan_job(cfg(numa_binding="off"), t, CFG, [], PY, NUMACTL)   # off still works there
+    assert plan_job(cfg(num_collectors=2), t, CFG, [], PY, NUMACTL).binding == "off"   # and auto binds nothing
 
 
 def test_error_numactl_on_a_kernel_without_numa(tmp_path):
@@ -428,3 +494,34 @@ def test_memoryless_gpu_node_is_not_used_for_the_learner(tmp_path):
                                       gpus=[FakeGpu("0000:41:00.0", 1)]))
     p = plan(cfg(numa_binding="numactl"), t)
     assert p.learner.node == 0 and any("memory-less" in n for n in p.notes)
+
+
+# --------------------------------------------------------------------------- through the CLI
+
+def _cli_plan(tmp_path, sysfs, config_text, *overrides):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(config_text)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "FASTSAC_SYSFS_ROOT": str(sysfs), "PYTHONPATH": str(repo)}
+    proc = subprocess.run([sys.executable, "-m", "fastsac.launcher", str(cfg), f"run_dir={tmp_path}/run", *overrides,
+                           "--plan"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_cli_default_plan_is_byte_identical_to_binding_off_and_two_collectors_bind(tmp_path):
+    from pathlib import Path
+    quick = (Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml").read_text()
+    sysfs = two_nodes(tmp_path / "sys", gpu_node=1)
+    default = _cli_plan(tmp_path, sysfs, quick)
+    assert quick.count("\ntrainer:\n") == 1
+    off = _cli_plan(tmp_path, sysfs, quick.replace("\ntrainer:\n", "\ntrainer:\n  async_options:\n    numa_binding: off\n"))
+    assert "NUMA binding off" in default and default == off
+    two = _cli_plan(tmp_path, sysfs, quick, "trainer.async_options.num_collectors=2")
+    assert "job plan: 1 learner + 2 collector(s); NUMA binding numactl (requested auto), placement spread" in two \
+        or "NUMA binding inprocess (requested auto)" in two
+    assert "--membind=1" in two or "--bind-node 1" in two

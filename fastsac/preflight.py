@@ -1,0 +1,287 @@
+"""Checks that need the machine, run by the launcher before it spawns a process or creates a file.
+
+Each raises ConfigError (exit code 2) naming the key, the value and what would be valid:
+  run_dir        not inside /proc or /sys (nor on another kernel pseudo-filesystem), a directory
+                 or creatable, writable;
+  resume         an explicit checkpoint path exists and is a readable file;
+  devices        a cuda device exists: cheaply from the driver's device nodes, then (only when a
+                 GPU is there and cuda was asked for) confirmed by torch in a subprocess, so a
+                 CPU-only torch build is caught too. The launcher itself never imports torch;
+  memory         a learner on the CPU: the replay buffer fits MemAvailable (and the cgroup's
+                 memory limit). On CUDA it is not checked: the device's free memory is not known
+                 without initialising CUDA;
+  shared memory  every ring and weight snapshot of the job (plus its control block) fits the free
+                 space of /dev/shm.
+Torch-free; numpy only through fastsac.shm_layout, imported by the shared-memory check alone.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from fastsac.config import Config, ConfigError
+
+AO = "trainer.async_options"
+# Kernel interfaces that look like directories but store nothing (mkdir fails there, or worse:
+# under /sys/fs/cgroup it creates a cgroup).
+PSEUDO_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "devtmpfs", "devpts", "debugfs", "tracefs", "securityfs", "configfs",
+    "pstore", "bpf", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "nsfs", "selinuxfs", "rpc_pipefs", "autofs",
+})
+_KERNEL_TREES = ("/proc", "/sys")
+TORCH_PROBE_TIMEOUT_S = 300  # importing torch + CUDA init; minutes only on a cold, slow disk
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+# --------------------------------------------------------------------------- run_dir
+
+def _fs_type(path: str) -> str | None:
+    """Filesystem type of the mount holding `path` (an existing, resolved path), from mountinfo."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best, fstype = "", None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right.split():
+            continue
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 = space
+        inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):  # the last of equal mount points is the visible one
+            best, fstype = mount, right.split()[0]
+    return fstype
+
+
+def check_run_dir(cfg: Config) -> None:
+    """run_dir must be (or become) a writable directory on storage. Creates nothing."""
+    path = cfg.run_path
+    shown = str(path)
+    real = os.path.realpath(path)  # symlinks resolved: a link into /proc is /proc
+    for tree in _KERNEL_TREES:
+        if real == tree or real.startswith(tree + "/"):
+            raise ConfigError(f"run_dir: {shown!r} is inside {tree}, a kernel interface that stores no files; choose "
+                              "a directory on a real filesystem (e.g. runs/<job_name> or /var/lib/fastsac/runs/<job>)")
+    probe = Path(real)
+    while not probe.exists():
+        probe = probe.parent
+    fstype = _fs_type(str(probe))
+    if fstype in PSEUDO_FILESYSTEMS:
+        raise ConfigError(f"run_dir: {shown!r} is on a {fstype} filesystem ({str(probe)!r}), a kernel interface that "
+                          "stores no files; choose a directory on a real filesystem")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run_dir: {shown!r} exists and is not a directory; choose another run_dir")
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        what = "it" if probe == Path(real) else f"its nearest existing parent {str(probe)!r}"
+        raise ConfigError(f"run_dir: {shown!r} is not writable ({what} is not a writable directory); choose "
+                          "another run_dir")
+
+
+# --------------------------------------------------------------------------- resume
+
+def check_resume(cfg: Config) -> None:
+    value = cfg.resume
+    if value in ("", "auto"):
+        return
+    valid = "expected '' (fresh start), 'auto' (the newest valid checkpoint in run_dir) or the path of a checkpoint file"
+    p = Path(value)
+    if not p.exists():
+        raise ConfigError(f"resume: {value!r} does not exist; {valid}")
+    if not p.is_file():
+        raise ConfigError(f"resume: {value!r} is not a file; {valid}")
+    if not os.access(p, os.R_OK):
+        raise ConfigError(f"resume: {value!r} is not readable by this user; {valid}")
+
+
+# --------------------------------------------------------------------------- devices
+
+def _driver_gpu_count() -> int:
+    """NVIDIA GPUs the driver shows this process: its /dev/nvidia<N> nodes (a container gets only
+    the ones passed to it), else /proc/driver/nvidia/gpus (nodes can be created on first use)."""
+    try:
+        nodes = [n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)]
+    except OSError:
+        nodes = []
+    if nodes:
+        return len(nodes)
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def visible_gpu_count() -> int:
+    """GPUs CUDA will see: the driver's GPUs filtered by CUDA_VISIBLE_DEVICES the way the CUDA
+    runtime reads it (indices in range, UUIDs; parsing stops at the first invalid entry)."""
+    count = _driver_gpu_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count
+    picked = 0
+    for tok in (t.strip() for t in visible.split(",")):
+        if (tok.isdigit() and int(tok) < count) or tok.upper().startswith(("GPU-", "MIG-")):
+            picked += 1
+            continue
+        break
+    return min(picked, count)
+
+
+def _torch_cuda_device_count() -> int | None:
+    """torch.cuda.device_count() from a child interpreter (the launcher must not import torch);
+    None when the probe itself fails (then the learner reports the problem)."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=TORCH_PROBE_TIMEOUT_S, check=True).stdout
+        return int(out.split()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def check_devices(cfg: Config) -> None:
+    """A requested cuda / cuda:N must exist. 'auto' needs no check: it falls back to the CPU."""
+    torch_count: list[int | None] = []   # probed at most once, and only when a GPU is there
+    for key, value in (("device", cfg.device), (f"{AO}.collector_inference_device",
+                                                cfg.trainer.async_options.collector_inference_device)):
+        if not value.startswith("cuda"):
+            continue
+        index = int(value.partition(":")[2] or 0)
+        have = visible_gpu_count()
+        if have == 0:
+            env = os.environ.get("CUDA_VISIBLE_DEVICES")
+            why = f"CUDA_VISIBLE_DEVICES={env!r} hides every GPU" if env is not None and _driver_gpu_count() else \
+                "no /dev/nvidia<N>, no /proc/driver/nvidia/gpus"
+            raise ConfigError(f"{key}: {value!r} was requested but this machine shows no NVIDIA GPU ({why}); "
+                              "use cpu or auto")
+        if not torch_count:
+            torch_count.append(_torch_cuda_device_count())
+        if torch_count[0] == 0:
+            raise ConfigError(f"{key}: {value!r} was requested but torch in this venv sees no CUDA device (a CPU-only "
+                              "torch build? see README, 'Installing torch for a GPU'); use cpu or auto")
+        have = min(have, torch_count[0] or have)
+        if index >= have:
+            raise ConfigError(f"{key}: {value!r} was requested but this machine has {have} GPU"
+                              f"{'s' if have != 1 else ''} (cuda:0..cuda:{have - 1}); use one of them, cpu or auto")
+
+
+# --------------------------------------------------------------------------- memory
+
+def replay_buffer_nbytes(num_envs: int, buffer_size: int, obs_dim: int, critic_obs_dim: int, act_dim: int,
+                         n_steps: int) -> int:
+    """Bytes of fastsac.algo.replay_buffer.ReplayBuffer's tensors (a test checks it against the real
+    buffer). Python ints: no overflow, whatever the config asks for."""
+    E, S = num_envs, buffer_size
+    K = max(max(1, S // 4), n_steps + 1)   # final-observation slots per row, as ReplayBuffer sizes them
+    per_entry = 4 * (obs_dim + critic_obs_dim + act_dim + 1) + 2 + 8   # f32 obs/critic/act/reward, 2 bools, final_slot
+    per_final = 4 * (obs_dim + critic_obs_dim) + 8                     # final obs (+ critic), final_owner
+    return E * S * per_entry + E * K * per_final + 3 * 8 * E + 4 * (n_steps + 1)  # final_count/pos/start, gammas
+
+
+def _cgroup_memory_left() -> int | None:
+    """memory.max - memory.current of this process's cgroup (v2); None without a limit."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+        if rel is None:
+            return None
+        d = Path("/sys/fs/cgroup") / rel.lstrip("/")
+        limit = (d / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((d / "memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def available_memory() -> tuple[int, str] | None:
+    """(bytes a new allocation can get without swapping, where that number comes from)."""
+    try:
+        with open("/proc/meminfo") as f:
+            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M)
+    except OSError:
+        m = None
+    found = [(int(m.group(1)) * 1024, "/proc/meminfo MemAvailable")] if m else []
+    left = _cgroup_memory_left()
+    if left is not None:
+        found.append((left, "the cgroup's memory.max - memory.current"))
+    return min(found) if found else None
+
+
+def learner_runs_on_cpu(cfg: Config) -> bool:
+    return cfg.device == "cpu" or (cfg.device == "auto" and visible_gpu_count() == 0)
+
+
+def check_memory(cfg: Config, spec) -> None:
+    """The replay buffer (on the learner device) must fit: on the CPU, in the memory available now."""
+    if not learner_runs_on_cpu(cfg):
+        return
+    a = cfg.algo
+    need = replay_buffer_nbytes(cfg.env.num_envs, a.buffer_size, spec.obs_dim, spec.critic_obs_dim, spec.act_dim,
+                                a.num_steps)
+    avail = available_memory()
+    if avail is None or need <= avail[0]:
+        return
+    have, source = avail
+    raise ConfigError(f"algo.buffer_size: {a.buffer_size} slots per env: the replay buffer needs {need:,} bytes "
+                      f"({_gib(need)}) for env.num_envs {cfg.env.num_envs} on the learner's CPU, but {source} is "
+                      f"{have:,} bytes ({_gib(have)}); lower algo.buffer_size or env.num_envs, or train on a GPU")
+
+
+# --------------------------------------------------------------------------- /dev/shm
+
+def _job_segment_bytes(shm, job: str) -> int:
+    """Bytes held by segments already named after this job: a launch replaces stale ones (and a
+    running job is refused), so their space counts as free."""
+    total = 0
+    try:
+        names = [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"{shm.PREFIX}.{job}.")]
+    except OSError:
+        return 0
+    for n in names:
+        try:
+            total += os.stat(os.path.join(shm.SHM_DIR, n)).st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
+def check_shared_memory(cfg: Config, plan, spec) -> None:
+    """Every collector's ring and weight snapshot plus the control block must fit /dev/shm now:
+    otherwise a collector fails on its own, after the learner and the others have started."""
+    from fastsac import shm_layout as shm
+    from fastsac.algo.policy_layout import policy_flat_numel
+    ao = cfg.trainer.async_options
+    cap, n = ao.ring_capacity, len(plan.collectors)
+    free = shm.shm_free_bytes() + _job_segment_bytes(shm, cfg.job_name)
+    # A lower bound in Python ints first: RingSpec sizes fields with int64 numpy products, which
+    # would wrap around for absurd sizes instead of failing.
+    rings = cfg.env.num_envs * (spec.obs_dim + spec.act_dim) * 4 * cap
+    numel = policy_flat_numel(spec.obs_dim, spec.act_dim, cfg.algo)
+    snapshots = 2 * 4 * numel * n
+    exact = rings + snapshots <= free
+    if exact:
+        rings = sum(shm.RingSpec(num_envs=c.env_count, obs_dim=spec.obs_dim, critic_obs_dim=spec.critic_obs_dim,
+                                 act_dim=spec.act_dim, capacity=cap).segment_nbytes for c in plan.collectors)
+        snapshots = sum(shm._wts_info(cfg.job_name, c.collector_id, numel).total_nbytes for c in plan.collectors)
+    need = rings + snapshots + shm.CTL_NBYTES
+    if need <= free:
+        return
+    at_least = "" if exact else "at least "
+    sizes = f"{at_least}{need:,} bytes ({_gib(need)}: rings {_gib(rings)}, weight snapshots {_gib(snapshots)})"
+    if rings >= snapshots:
+        head = f"{AO}.ring_capacity: {cap} slots per ring"
+        fix = f"lower {AO}.ring_capacity (or env.num_envs)"
+    else:
+        head = f"algo.actor_hidden_dim: {cfg.algo.actor_hidden_dim}"
+        fix = "shrink the actor (algo.actor_hidden_dim, algo.actor_num_layers)"
+    raise ConfigError(f"{head}: the shared-memory segments of {n} collector(s) need {sizes} but {shm.SHM_DIR} has "
+                      f"{free:,} bytes ({_gib(free)}) free; {fix}, free space in {shm.SHM_DIR}, or give the "
+                      "container more (docker run --shm-size=...)")

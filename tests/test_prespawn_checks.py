@@ -1,0 +1,167 @@
+"""Everything that can be checked before a process is spawned is checked before, through the real CLI:
+exit code 2, a message that names the key path and what is valid, and nothing created (no run_dir,
+no logs, no segments in /dev/shm). `--plan` applies the same checks."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import job_segments, tiny_config
+from fastsac import preflight
+from fastsac.shm_layout import MAX_COLLECTORS
+
+AO = "trainer.async_options"
+NCPU = len(os.sched_getaffinity(0))
+HAS_GPU = preflight.visible_gpu_count() > 0
+
+
+def run_cli(tmp_path: Path, cfg: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The launcher as a user runs it, from tmp_path (a relative run_dir would land there)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "fastsac.launcher", str(cfg), *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"fastsac-launch {' '.join(args)} did not stop within {timeout}s") from exc
+
+
+def assert_refused(tmp_path: Path, job: str, cfg: Path, args: list[str], *fragments: str) -> str:
+    proc = run_cli(tmp_path, cfg, *args)
+    err = proc.stderr
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], err[-2000:])
+    assert "fastsac-launch: config error: " in err, err
+    for frag in fragments:
+        assert frag in err, (frag, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"], "something was created"
+    assert job_segments(job) == []
+    assert "starting" not in proc.stdout.lower() and "learner" not in proc.stdout, proc.stdout
+    return err
+
+
+CASES = [
+    # (id, overrides, fragments of the message)
+    ("run_dir under /proc", ["run_dir=/proc/fastsac_run"],
+     ["run_dir: '/proc/fastsac_run' is inside /proc", "choose a directory on a real filesystem"]),
+    ("run_dir under /sys", ["run_dir=/sys/fs/fastsac_run"],
+     ["run_dir: '/sys/fs/fastsac_run' is inside /sys"]),
+    ("more collectors than the layout holds",
+     [f"{AO}.num_collectors={MAX_COLLECTORS + 1}", f"env.num_envs={MAX_COLLECTORS + 1}"],
+     [f"{AO}.num_collectors: {MAX_COLLECTORS + 1} is out of range; a job has at most {MAX_COLLECTORS} collectors"]),
+    ("seed too large for the seed derivation", ["seed=100000000000000000000000"],
+     ["seed: 100000000000000000000000 is out of range; expected a value >= 0 and <= 4294967295"]),
+    ("seed as a float", ["seed=1.0e+23"], ["seed: 1e+23 is a float; expected an integer"]),
+    ("seed written 1e23 (YAML text)", ["seed=1e23"], ["seed: '1e23' is a str; expected an integer"]),
+    ("replay buffer larger than memory", ["device=cpu", "algo.buffer_size=1000000000000"],
+     ["algo.buffer_size: 1000000000000 slots per env: the replay buffer needs", "MemAvailable",
+      "lower algo.buffer_size or env.num_envs"]),
+    ("int64 overflow", ["algo.buffer_size=100000000000000000000"],
+     ["algo.buffer_size: 100000000000000000000 is out of range; expected a value >= 2 and <= 9223372036854775807"]),
+    ("heartbeat timeout below the minimum", [f"{AO}.heartbeat_timeout_s=0.001"],
+     [f"{AO}.heartbeat_timeout_s: 0.001 is out of range; expected a value >= 2.0"]),
+    ("stop timeout below the minimum", [f"{AO}.stop_timeout_s=0.5"],
+     [f"{AO}.stop_timeout_s: 0.5 is out of range; expected a value >= 5.0"]),
+    ("rings larger than /dev/shm", [f"{AO}.ring_capacity=1000000000"],
+     [f"{AO}.ring_capacity: 1000000000 slots per ring: the shared-memory segments of 1 collector(s) need",
+      "/dev/shm has", "lower trainer.async_options.ring_capacity"]),
+    ("missing resume checkpoint", ["resume=missing/ckpt.pt"],
+     ["resume: 'missing/ckpt.pt' does not exist; expected '' (fresh start), 'auto' (the newest valid checkpoint in "
+      "run_dir) or the path of a checkpoint file"]),
+    ("numa_nodes with binding off", [f"{AO}.numa_binding=off", f"{AO}.numa_nodes=[0]"],
+     [f"{AO}.numa_nodes: [0] contradicts {AO}.numa_binding: 'off'"]),
+]
+if NCPU + 1 <= MAX_COLLECTORS:
+    CASES.append(("more collectors than CPUs", [f"{AO}.num_collectors={NCPU + 1}", f"env.num_envs={NCPU + 1}"],
+                  [f"{AO}.num_collectors: {NCPU + 1} collectors but this process may use only {NCPU} CPU"]))
+if not HAS_GPU:
+    CASES += [("cuda without a GPU", ["device=cuda"],
+               ["device: 'cuda' was requested but this machine shows no NVIDIA GPU", "use cpu or auto"]),
+              ("collector cuda without a GPU", [f"{AO}.collector_inference_device=cuda:0"],
+               [f"{AO}.collector_inference_device: 'cuda:0' was requested but this machine shows no NVIDIA GPU"])]
+CASES.append(("cuda index past the GPUs", ["device=cuda:63"], ["device: 'cuda:63' was requested but"]))
+
+
+@pytest.mark.parametrize("mode", ["launch", "plan"])
+@pytest.mark.parametrize("case_id, overrides, fragments", CASES, ids=[c[0] for c in CASES])
+def test_refused_before_anything_is_created(tmp_path, job_name, mode, case_id, overrides, fragments):
+    cfg = tiny_config(tmp_path, job_name, run_dir="run", trainer={"num_iterations": 20})
+    args = [*overrides] + (["--plan"] if mode == "plan" else [])
+    assert_refused(tmp_path, job_name, cfg, args, *fragments)
+
+
+def test_sync_trainer_gets_the_same_checks(tmp_path, job_name):
+    cfg = tiny_config(tmp_path, job_name, run_dir="run", trainer={"asynchronous": False, "num_iterations": 20})
+    assert_refused(tmp_path, job_name, cfg, ["resume=nope.pt"], "resume: 'nope.pt' does not exist")
+    assert_refused(tmp_path, job_name, cfg, ["run_dir=/proc/x"], "run_dir: '/proc/x' is inside /proc")
+    assert_refused(tmp_path, job_name, cfg, ["device=cpu", "algo.buffer_size=1000000000000"], "MemAvailable")
+
+
+def test_run_dir_that_is_a_file_is_refused(tmp_path, job_name):
+    cfg = tiny_config(tmp_path, job_name, run_dir="job.yaml")
+    proc = run_cli(tmp_path, cfg, "--plan")
+    assert proc.returncode == 2 and "run_dir: 'job.yaml' exists and is not a directory" in proc.stderr
+
+
+def test_a_valid_config_still_plans_and_nothing_is_created(tmp_path, job_name):
+    cfg = tiny_config(tmp_path, job_name, run_dir="run")
+    proc = run_cli(tmp_path, cfg, "--plan")
+    assert proc.returncode == 0, proc.stderr
+    assert "job plan: 1 learner + 1 collector(s)" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_the_launcher_never_imports_torch(tmp_path, job_name):
+    """--plan and a refused launch run every pre-spawn check without importing torch."""
+    cfg = tiny_config(tmp_path, job_name, run_dir="run")
+    code = ("import sys; from fastsac.launcher import main\n"
+            f"rc1 = main([{str(cfg)!r}, '--plan'])\n"
+            f"rc2 = main([{str(cfg)!r}, 'device=cuda:63'])\n"
+            f"rc3 = main([{str(cfg)!r}, 'device=cpu', 'algo.buffer_size=1000000000000'])\n"
+            "assert (rc1, rc2, rc3) == (0, 2, 2), (rc1, rc2, rc3)\n"
+            "assert 'torch' not in sys.modules, 'the launcher imported torch'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------- the checks as functions
+
+def test_replay_buffer_bytes_match_the_real_buffer():
+    torch = pytest.importorskip("torch")
+    from fastsac.algo.replay_buffer import ReplayBuffer
+    for E, S, od, cd, ad, n in [(8, 64, 3, 0, 1, 3), (5, 10, 17, 4, 6, 1), (3, 7, 2, 0, 2, 4)]:
+        buf = ReplayBuffer(num_envs=E, buffer_size=S, obs_dim=od, critic_obs_dim=cd, act_dim=ad, n_steps=n,
+                           gamma=0.99, device="cpu")
+        real = sum(v.nbytes for v in vars(buf).values() if isinstance(v, torch.Tensor))
+        assert preflight.replay_buffer_nbytes(E, S, od, cd, ad, n) == real, (E, S, od, cd, ad, n)
+
+
+def test_gpu_count_follows_cuda_visible_devices(monkeypatch):
+    monkeypatch.setattr(preflight, "_driver_gpu_count", lambda: 4)
+    for value, count in [(None, 4), ("", 0), ("-1", 0), ("0,1", 2), ("3", 1), ("0,7,1", 1), ("GPU-abc", 1)]:
+        if value is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert preflight.visible_gpu_count() == count, value
+
+
+def test_cuda_check_with_gpus_confirms_with_torch_in_a_subprocess(monkeypatch):
+    from fastsac.config import ConfigError, config_from_dict
+    monkeypatch.setattr(preflight, "visible_gpu_count", lambda: 2)
+    monkeypatch.setattr(preflight, "_torch_cuda_device_count", lambda: 2)
+    preflight.check_devices(config_from_dict({"device": "cuda:1"}))
+    with pytest.raises(ConfigError, match=r"device: 'cuda:2' was requested but this machine has 2 GPUs \(cuda:0"):
+        preflight.check_devices(config_from_dict({"device": "cuda:2"}))
+    monkeypatch.setattr(preflight, "_torch_cuda_device_count", lambda: 0)  # e.g. a CPU-only torch build
+    with pytest.raises(ConfigError, match="device: 'cuda' was requested but torch in this venv sees no CUDA device"):
+        preflight.check_devices(config_from_dict({"device": "cuda"}))
+    preflight.check_devices(config_from_dict({"device": "auto"}))   # auto falls back to the CPU by itself
+
+
+def test_run_dir_on_a_pseudo_filesystem_is_refused_by_mount_type(monkeypatch, tmp_path):
+    from fastsac.config import ConfigError, config_from_dict
+    monkeypatch.setattr(preflight, "_fs_type", lambda path: "cgroup2")
+    with pytest.raises(ConfigError, match="run_dir: .* is on a cgroup2 filesystem"):
+        preflight.check_run_dir(config_from_dict({"run_dir": str(tmp_path / "r")}))

@@ -269,9 +269,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-# Placement keys that only mean something when processes are bound: (key, is it set?).
 def placement_keys_set(ao: AsyncOptions) -> list[str]:
-    """The placement keys of `ao` that ask for a binding (numa_binding 'auto' binds when any is set)."""
+    """The placement keys set in `ao`: they only mean something when processes are bound, so
+    numa_binding 'auto' binds when any is set and 'off' with any is a contradiction."""
     return [k for k, on in (("numa_nodes", bool(ao.numa_nodes)), ("cpus_per_collector", ao.cpus_per_collector > 0),
                             ("learner_numa_node", ao.learner_numa_node >= 0),
                             ("placement", ao.placement != "spread")) if on]

@@ -7,8 +7,8 @@ Each raises ConfigError (exit code 2) naming the key, the value and what would b
   devices        a cuda device exists: cheaply from the driver's device nodes, then (only when a
                  GPU is there and cuda was asked for) confirmed by torch in a subprocess, so a
                  CPU-only torch build is caught too. The launcher itself never imports torch;
-  memory         a learner on the CPU: the replay buffer fits MemAvailable (and the cgroup's
-                 memory limit). On CUDA it is not checked: the device's free memory is not known
+  memory         a learner on the CPU: the replay buffer plus the networks' weights fit
+                 MemAvailable (and the cgroup's memory limit). On CUDA it is not checked: the device's free memory is not known
                  without initialising CUDA;
   shared memory  every ring and weight snapshot of the job (plus its control block) fits the free
                  space of /dev/shm.
@@ -185,6 +185,15 @@ def replay_buffer_nbytes(num_envs: int, buffer_size: int, obs_dim: int, critic_o
     return E * S * per_entry + E * K * per_final + 3 * 8 * E + 4 * (n_steps + 1)  # final_count/pos/start, gammas
 
 
+def network_weights_nbytes_lower_bound(obs_dim: int, critic_obs_dim: int, act_dim: int, a) -> tuple[int, int]:
+    """(critic, actor) bytes the learner holds at least: the twin critics and their target copy
+    (Linear weights only: no biases, gradients or optimizer moments), and the actor's flat vector."""
+    from fastsac.algo.policy_layout import policy_flat_numel
+    h, layers = a.critic_hidden_dim, a.critic_num_layers
+    q_net = ((critic_obs_dim or obs_dim) + act_dim) * h + (layers - 1) * h * h + h * a.num_atoms
+    return 4 * 4 * q_net, 4 * policy_flat_numel(obs_dim, act_dim, a)
+
+
 def _cgroup_memory_left() -> int | None:
     """memory.max - memory.current of this process's cgroup (v2); None without a limit."""
     try:
@@ -220,19 +229,32 @@ def learner_runs_on_cpu(cfg: Config) -> bool:
 
 
 def check_memory(cfg: Config, spec) -> None:
-    """The replay buffer (on the learner device) must fit: on the CPU, in the memory available now."""
+    """The replay buffer and the networks (on the learner device) must fit: on the CPU, in the
+    memory available now. The message names the key of the biggest part."""
     if not learner_runs_on_cpu(cfg):
         return
     a = cfg.algo
-    need = replay_buffer_nbytes(cfg.env.num_envs, a.buffer_size, spec.obs_dim, spec.critic_obs_dim, spec.act_dim,
-                                a.num_steps)
+    replay = replay_buffer_nbytes(cfg.env.num_envs, a.buffer_size, spec.obs_dim, spec.critic_obs_dim, spec.act_dim,
+                                  a.num_steps)
+    critic, actor = network_weights_nbytes_lower_bound(spec.obs_dim, spec.critic_obs_dim, spec.act_dim, a)
+    need = replay + critic + actor
     avail = available_memory()
     if avail is None or need <= avail[0]:
         return
     have, source = avail
-    raise ConfigError(f"algo.buffer_size: {a.buffer_size} slots per env: the replay buffer needs {need:,} bytes "
-                      f"({_gib(need)}) for env.num_envs {cfg.env.num_envs} on the learner's CPU, but {source} is "
-                      f"{have:,} bytes ({_gib(have)}); lower algo.buffer_size or env.num_envs, or train on a GPU")
+    parts = f"replay buffer {_gib(replay)}, critics at least {_gib(critic)}, actor at least {_gib(actor)}"
+    if replay >= max(critic, actor):
+        head = f"algo.buffer_size: {a.buffer_size} slots per env: the replay buffer for env.num_envs {cfg.env.num_envs}"
+        fix = "lower algo.buffer_size or env.num_envs"
+    elif critic >= actor:
+        head = f"algo.critic_hidden_dim: {a.critic_hidden_dim}: the twin critics and their targets"
+        fix = "shrink the critics (algo.critic_hidden_dim, algo.critic_num_layers, algo.num_atoms)"
+    else:
+        head = f"algo.actor_hidden_dim: {a.actor_hidden_dim}: the actor"
+        fix = "shrink the actor (algo.actor_hidden_dim, algo.actor_num_layers)"
+    raise ConfigError(f"{head} and the rest of the learner's state need {need:,} bytes ({_gib(need)}: {parts}) "
+                      f"on the learner's CPU, but {source} is {have:,} bytes ({_gib(have)}); {fix}, or train on "
+                      "a GPU")
 
 
 # --------------------------------------------------------------------------- /dev/shm

@@ -55,8 +55,11 @@ CASES = [
     ("seed as a float", ["seed=1.0e+23"], ["seed: 1e+23 is a float; expected an integer"]),
     ("seed written 1e23 (YAML text)", ["seed=1e23"], ["seed: '1e23' is a str; expected an integer"]),
     ("replay buffer larger than memory", ["device=cpu", "algo.buffer_size=1000000000000"],
-     ["algo.buffer_size: 1000000000000 slots per env: the replay buffer needs", "MemAvailable",
-      "lower algo.buffer_size or env.num_envs"]),
+     ["algo.buffer_size: 1000000000000 slots per env: the replay buffer for env.num_envs 8 and the rest of the "
+      "learner's state need", "MemAvailable", "lower algo.buffer_size or env.num_envs"]),
+    ("critics larger than memory", ["device=cpu", "algo.critic_hidden_dim=1000000"],
+     ["algo.critic_hidden_dim: 1000000: the twin critics and their targets and the rest of the learner's state need",
+      "shrink the critics (algo.critic_hidden_dim"]),
     ("int64 overflow", ["algo.buffer_size=100000000000000000000"],
      ["algo.buffer_size: 100000000000000000000 is out of range; expected a value >= 2 and <= 9223372036854775807"]),
     ("heartbeat timeout below the minimum", [f"{AO}.heartbeat_timeout_s=0.001"],

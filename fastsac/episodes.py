@@ -28,6 +28,10 @@ class EpisodeTracker:
             self.returns[done] = 0.0
             self.lengths[done] = 0
 
+    def totals(self) -> tuple[int, float, int]:
+        """(episodes finished, sum of their returns, sum of their lengths), cumulative."""
+        return self.count, self.return_sum, self.length_sum
+
 
 class EpisodeWindow:
     """Mean return/length of the episodes finished since the last `take()`."""

@@ -86,7 +86,8 @@ class Learner:
                       for c in ctx.plan.collectors]
         self.staging = IngestStaging([f.spec for f in self.feeds], self.ao.max_ingest_per_iter, self.device)
         cfg.run_path.mkdir(parents=True, exist_ok=True)
-        self.telemetry = LearnerTelemetry(cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done)
+        self.telemetry = LearnerTelemetry(cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
+                                          self.total_env_steps)
         # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
         # start_env_steps first: collectors derive their envs' reset seed from it (a resumed run).
         self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, start_env_steps=self.start_env_steps,
@@ -306,7 +307,7 @@ class Learner:
         cfg, num_envs = self.cfg, self.cfg.env.num_envs
         self.exit_code = 0
         reason = self.wait_for_collectors(stop)
-        self.telemetry.start()
+        self.telemetry.start(self.env_steps)
         next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
         idle_sleep = 0.0
         while reason is None and self.env_steps < self.total_env_steps:
@@ -337,8 +338,8 @@ class Learner:
             if time.perf_counter() - self.last_status >= STATUS_INTERVAL_S:
                 self.last_status = time.perf_counter()
                 self.telemetry.refresh_status()
-            self.telemetry.maybe_log(self.env_steps, self.agent.num_updates_done, self.weight_version,
-                                     self.start_env_steps, self.total_env_steps)
+            if self.telemetry.due(self.env_steps):
+                self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
             it = self.env_steps // num_envs
             if cfg.checkpoint.interval and it >= next_ckpt_it and self.env_steps < self.total_env_steps:
                 next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
@@ -349,8 +350,7 @@ class Learner:
                         log(ROLE, f"error: {exc}; training goes on, next try at iteration {next_ckpt_it:,}")
         reason = reason or "finished"
         # every run logs its final metrics, however short it was
-        self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version,
-                           self.start_env_steps, self.total_env_steps)
+        self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
         self.telemetry.refresh_status()
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
         try:

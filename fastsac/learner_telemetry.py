@@ -1,51 +1,38 @@
-"""What the learner reports: TensorBoard scalars and the console line per log window, and the
-status records in the control block (fastsac-launch --status) at a fixed cadence.
+"""What the async learner reports on top of fastsac.telemetry: per-collector rates, lags and
+faults, and the status records in the control block (fastsac-launch --status).
 
-Rates are measured over the log window from cumulative counters, so they are right at any
-logging rate and any env speed:
-  perf/env_steps_per_s      env steps the collectors produced (their env_steps counters in the
-                            control block, written every env step) per second
-  perf/ingest_env_steps_per_s  env steps the learner ingested per second
-  perf/updates_per_s        gradient updates per second
-  perf/learn_pct            share of the window's wall time the learner spent in updates
+perf/env_steps_per_s here is the sum over collectors of the increase of their env_steps
+counters in the control block (written every env step) over the log window, so it is right at
+any logging rate and any env speed; perf/ingest_env_steps_per_s is the learner's own rate.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 
 from fastsac import shm_layout as shm
-from fastsac.episodes import EpisodeWindow
-from fastsac.metrics import MetricsLogger, fmt, format_duration
+from fastsac.telemetry import Telemetry
 
 SNAPSHOT_STUCK_REPORT_S = 5.0   # a collector's snapshot unreadable this long is reported
 
 
-class LearnerTelemetry:
-    def __init__(self, cfg, ctl: "shm.ControlBlock", feeds, env_steps: int, num_updates: int):
-        self.cfg, self.ctl, self.feeds = cfg, ctl, feeds
-        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
-        self.window = EpisodeWindow()
-        self.last_train: dict = {}
-        self.learn_time = 0.0
-        self._batches = 0.0
-        self._env_steps, self._updates = env_steps, num_updates
+class LearnerTelemetry(Telemetry):
+    def __init__(self, cfg, ctl: "shm.ControlBlock", feeds, env_steps: int, num_updates: int, total_env_steps: int):
+        self.ctl, self.feeds = ctl, feeds
         self._produced = {f.cid: (0, 0) for f in feeds}   # (incarnation, env_steps) at the window start
         self._last_stats: dict[int, dict] = {}   # per collector: last consistent stats record
         self._stats_prev: dict[int, dict] = {}   # per collector: the record stage times are measured from
         self._stage_ms: dict[int, dict] = {}     # per collector: last computed stage times (ms/step)
         self._stuck_reported: set[int] = set()
-        self.start()
+        self._batches = 0.0
+        super().__init__(cfg, env_steps, num_updates, total_env_steps)
 
-    def start(self) -> None:
-        """Begin the first window now (after waiting for the collectors)."""
-        self.run_start = self.window_start = time.perf_counter()
-        self.learn_time, self._batches = 0.0, 0.0
+    def start(self, env_steps: int) -> None:
+        super().start(env_steps)
+        self._batches = 0.0
         for f in self.feeds:
             self._produced[f.cid] = self._producer_count(f.cid)
-        self.next_log_batches = self.cfg.logging.interval
 
     def add_batches(self, batches: float) -> None:
         self._batches += batches
@@ -54,50 +41,30 @@ class LearnerTelemetry:
         rec = self.ctl.collector(cid)
         return rec["incarnation"], rec["env_steps"]
 
-    def maybe_log(self, env_steps, num_updates, weight_version, start_env_steps, total_env_steps) -> None:
-        it = env_steps // self.cfg.env.num_envs
-        if it >= self.next_log_batches or time.perf_counter() - self.window_start >= self.cfg.logging.interval_s:
-            self.log(env_steps, num_updates, weight_version, start_env_steps, total_env_steps)
-
-    def log(self, env_steps, num_updates, weight_version, start_env_steps, total_env_steps) -> None:
-        cfg, now = self.cfg, time.perf_counter()
-        dt = max(now - self.window_start, 1e-9)
-        it = env_steps // cfg.env.num_envs
-        self.next_log_batches = (it // cfg.logging.interval + 1) * cfg.logging.interval
-        scalars, rows = self._collector_scalars(dt)
-        ups = (num_updates - self._updates) / dt
-        ingest = (env_steps - self._env_steps) / dt
-        learn_pct = 100.0 * self.learn_time / dt
+    def log(self, env_steps: int, num_updates: int, weight_version: int) -> None:
+        dt = max(time.perf_counter() - self.window_start, 1e-9)
+        scalars, rows, totals = self._collector_scalars(dt)
         fills = [f.fill() for f in self.feeds]
         max_lag = max((f.max_lag for f in self.feeds), default=0)
         scalars.update({
-            "rollout/mean_return": self.window.mean_return, "rollout/mean_ep_len": self.window.mean_length,
             "perf/env_steps_per_s": sum(scalars[f"collector{f.cid}/env_steps_per_s"] for f in self.feeds),
-            "perf/ingest_env_steps_per_s": ingest, "perf/updates_per_s": ups, "perf/learn_pct": learn_pct,
+            "perf/ingest_env_steps_per_s": (env_steps - self._env_steps) / dt,
             "async/policy_lag": max_lag, "async/ring_fill": float(np.mean(fills)) if fills else 0.0,
             "async/weight_version": weight_version,
             "async/utd": (num_updates - self._updates) / self._batches if self._batches else 0.0,
             "async/dropped_collectors": sum(f.dropped_incarnation is not None for f in self.feeds)})
-        scalars.update({f"train/{k}": float(v) for k, v in self.last_train.items()})
-        self.metrics.scalars(env_steps, scalars)
-        self.ctl.learner.update(updates_per_s=ups, learn_pct=learn_pct, env_steps_per_s=scalars["perf/env_steps_per_s"],
-                                ingest_env_steps_per_s=ingest)
-        done = env_steps - start_env_steps
-        eta = (now - self.run_start) / done * (total_env_steps - env_steps) if done else math.inf
-        self.metrics.line(
-            f"[{it}/{cfg.trainer.num_iterations}] {env_steps:,} steps | "
-            f"{scalars['perf/env_steps_per_s']:,.0f} env-steps/s | {ups:.1f} upd/s | learn {learn_pct:.0f}% | "
-            f"lag {max_lag} | ring {scalars['async/ring_fill']:.0%} | return {fmt(self.window.mean_return)} | "
-            f"ETA {format_duration(eta)}")
-        if len(self.feeds) > 1 or any(f.faults for f in self.feeds):
-            for row in rows:
-                self.metrics.line(row)
-        self.window_start, self.learn_time, self._batches = now, 0.0, 0.0
-        self._env_steps, self._updates = env_steps, num_updates
+        show_rows = len(self.feeds) > 1 or any(f.faults for f in self.feeds)
+        out = super().log(env_steps, num_updates, totals, scalars,
+                          line_extra=f"lag {max_lag} | ring {scalars['async/ring_fill']:.0%} | ",
+                          rows=rows if show_rows else ())
+        self.ctl.learner.update(updates_per_s=out["perf/updates_per_s"], learn_pct=out["perf/learn_pct"],
+                                env_steps_per_s=out["perf/env_steps_per_s"],
+                                ingest_env_steps_per_s=out["perf/ingest_env_steps_per_s"])
+        self._batches = 0.0
         for f in self.feeds:
             f.max_lag = 0
 
-    def _collector_scalars(self, dt: float) -> tuple[dict, list[str]]:
+    def _collector_scalars(self, dt: float) -> tuple[dict, list[str], tuple[int, float, int]]:
         scalars: dict[str, float] = {}
         rows, totals = [], [0, 0.0, 0]
         stage_sums, stage_n = dict.fromkeys(shm.STAGES, 0.0), 0
@@ -127,12 +94,11 @@ class LearnerTelemetry:
                             prefix + "rejected_slots": feed.rejected_slots, prefix + "snapshot_stuck_s": stuck_s})
             state = " | DROPPED" if feed.dropped_incarnation is not None else ""
             rows.append(f"   c{i}: {rate:,.0f} env-steps/s | lag {feed.max_lag} | ring {feed.fill():.0%}{state}")
-        self.window.take(*totals)
         if stage_n:
             for st in shm.STAGES:
                 scalars[f"perf/collector_{st}_ms"] = stage_sums[st] / stage_n
             scalars["perf/collect_ms_per_batch"] = sum(stage_sums[s] for s in shm.STAGES if s != "wait") / stage_n
-        return scalars, rows
+        return scalars, rows, tuple(totals)
 
     def _stage_times(self, i: int, stats: dict) -> None:
         """Stage times per step over the steps since the last record that moved (the collector
@@ -165,5 +131,3 @@ class LearnerTelemetry:
                 last_ingest_ns=f.last_ingest_ns, attached=int(f.attached_once),
                 dropped=int(f.dropped_incarnation is not None), rejected_slots=f.rejected_slots)
 
-    def close(self) -> None:
-        self.metrics.close()

@@ -1,7 +1,12 @@
-"""TensorBoard scalars and the console progress line, shared by both trainers.
+"""What a run reports, for both trainers: TensorBoard scalars and one console progress line per
+log window, and the final ones when the run ends, however short it was.
 
-Metric names (documented in docs/design.md) are the contract: the synchronous trainer
-and the async learner write the same names so runs compare side by side.
+Metric names (documented in docs/design.md) are the contract: the synchronous trainer and the
+async learner write the same names so runs compare side by side. Every rate is measured over
+the log window from cumulative counters:
+  perf/env_steps_per_s   env steps produced per second (async: by all collectors)
+  perf/updates_per_s     gradient updates per second
+  perf/learn_pct         100 x the window's wall time spent in updates / the window's wall time
 """
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import math
 import sys
 import time
 from pathlib import Path
+
+from fastsac.episodes import EpisodeWindow
 
 
 def format_duration(seconds: float) -> str:
@@ -25,7 +32,7 @@ def fmt(value: float, spec: str = ".1f") -> str:
 
 
 class MetricsLogger:
-    """Writes scalars to TensorBoard under run_path/tb and progress lines to stdout."""
+    """Writes scalars to TensorBoard under run_path/tb and lines to stdout."""
 
     def __init__(self, run_path: Path, tensorboard: bool = True, console: bool = True):
         self.console_enabled = console
@@ -45,26 +52,65 @@ class MetricsLogger:
         if self.console_enabled:
             print(text, flush=True, file=sys.stdout)
 
-    def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
 
 
-class RateMeter:
-    """Rate of a cumulative counter between successive `rate()` calls."""
+class Telemetry:
+    """One log window at a time: the trainer adds update time (learn_time) and the last update's
+    losses (last_train); log() turns the counters into scalars and the progress line."""
 
-    def __init__(self, value: float = 0.0):
-        self._t = time.perf_counter()
-        self._v = value
+    def __init__(self, cfg, env_steps: int, num_updates: int, total_env_steps: int):
+        self.cfg = cfg
+        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+        self.episodes = EpisodeWindow()
+        self.last_train: dict = {}
+        self.total_env_steps = total_env_steps
+        self._env_steps, self._updates = env_steps, num_updates
+        self.start(env_steps)
 
-    def rate(self, value: float) -> float:
-        now = time.perf_counter()
-        dt = now - self._t
-        r = (value - self._v) / dt if dt > 0 else 0.0
-        self._t, self._v = now, value
-        return r
+    def start(self, env_steps: int) -> None:
+        """Begin the first window now (the run's clock for the ETA starts here too)."""
+        self.run_start = self.window_start = time.perf_counter()
+        self.start_env_steps = self._env_steps = env_steps
+        self.learn_time = 0.0
+        self.next_log_it = (env_steps // self.cfg.env.num_envs // self.cfg.logging.interval + 1) * \
+            self.cfg.logging.interval
+
+    def due(self, env_steps: int) -> bool:
+        """Every logging.interval iterations, and at least every logging.interval_s seconds."""
+        return (env_steps // self.cfg.env.num_envs >= self.next_log_it
+                or time.perf_counter() - self.window_start >= self.cfg.logging.interval_s)
+
+    def log(self, env_steps: int, num_updates: int, episode_totals: tuple[int, float, int],
+            scalars: dict | None = None, line_extra: str = "", rows: list[str] = ()) -> dict:
+        """Close the window: write the scalars (the trainer's own plus the common ones) and the
+        progress line; returns every scalar written."""
+        cfg, now = self.cfg, time.perf_counter()
+        dt = max(now - self.window_start, 1e-9)
+        it = env_steps // cfg.env.num_envs
+        self.episodes.take(*episode_totals)
+        out = {"rollout/mean_return": self.episodes.mean_return, "rollout/mean_ep_len": self.episodes.mean_length,
+               "perf/env_steps_per_s": (env_steps - self._env_steps) / dt,
+               "perf/updates_per_s": (num_updates - self._updates) / dt,
+               "perf/learn_pct": 100.0 * self.learn_time / dt}
+        out.update(scalars or {})
+        out.update({f"train/{k}": float(v) for k, v in self.last_train.items()})
+        self.metrics.scalars(env_steps, out)
+        done = env_steps - self.start_env_steps
+        eta = (now - self.run_start) / done * (self.total_env_steps - env_steps) if done else math.inf
+        self.metrics.line(
+            f"[{it}/{cfg.trainer.num_iterations}] {env_steps:,} steps | {out['perf/env_steps_per_s']:,.0f} env-steps/s | "
+            f"{out['perf/updates_per_s']:.1f} upd/s | learn {out['perf/learn_pct']:.0f}% | {line_extra}"
+            f"return {fmt(self.episodes.mean_return)} | ETA {format_duration(eta)}")
+        for row in rows:
+            self.metrics.line(row)
+        self.window_start, self.learn_time = now, 0.0
+        self._env_steps, self._updates = env_steps, num_updates
+        self.next_log_it = (it // cfg.logging.interval + 1) * cfg.logging.interval
+        return out
+
+    def close(self) -> None:
+        self.metrics.close()

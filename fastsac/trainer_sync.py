@@ -19,9 +19,9 @@ from fastsac import learner_core
 from fastsac.config import Config
 from fastsac.envs.base import reset_seed
 from fastsac.envs.registry import EnvSpec, make_env
-from fastsac.episodes import EpisodeTracker, EpisodeWindow
+from fastsac.episodes import EpisodeTracker
 from fastsac.process_setup import resolve_device
-from fastsac.metrics import MetricsLogger, RateMeter, fmt, format_duration
+from fastsac.telemetry import Telemetry
 
 
 class StopRequest:
@@ -57,13 +57,10 @@ def train_sync(cfg: Config) -> int:
     obs, critic_obs = env.reset(reset_seed(cfg.seed, start_env_steps=env_steps))
     rng = np.random.default_rng([cfg.seed, start_it])
     cfg.run_path.mkdir(parents=True, exist_ok=True)
-    log = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+    telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n)
+    log = telemetry.metrics
     stop = StopRequest()
-    episodes, window = EpisodeTracker(n), EpisodeWindow()
-    steps_rate, updates_rate = RateMeter(env_steps), RateMeter(agent.num_updates_done)
-    learn_time, window_start, last_log = 0.0, time.perf_counter(), time.perf_counter()
-    run_start, run_start_it = time.perf_counter(), start_it
-    metrics: dict = {}
+    episodes = EpisodeTracker(n)
     rows = slice(0, n)
     stepping = env.describe_stepping()
     log.line(f"fastsac sync: {cfg.env.name} x{n} envs{f' ({stepping})' if stepping else ''} on {device}, "
@@ -91,31 +88,19 @@ def train_sync(cfg: Config) -> int:
         env_steps += n
         if it >= cfg.algo.learning_starts and cfg.algo.num_updates > 0 and buffer.ready():
             t0 = time.perf_counter()
-            metrics = agent.train(buffer, cfg.algo.num_updates)
-            learn_time += time.perf_counter() - t0
-        now = time.perf_counter()
+            telemetry.last_train = agent.train(buffer, cfg.algo.num_updates)
+            telemetry.learn_time += time.perf_counter() - t0
         last_iteration = it + 1 == cfg.trainer.num_iterations
-        if (it + 1) % cfg.logging.interval == 0 or now - last_log >= cfg.logging.interval_s or last_iteration:
-            window.take(episodes.count, episodes.return_sum, episodes.length_sum)
-            sps = steps_rate.rate(env_steps)
-            ups = updates_rate.rate(agent.num_updates_done)
-            learn_pct = 100.0 * learn_time / max(now - window_start, 1e-9)
-            learn_time, window_start, last_log = 0.0, now, now
-            scalars = {"rollout/mean_return": window.mean_return, "rollout/mean_ep_len": window.mean_length,
-                       "perf/env_steps_per_s": sps, "perf/updates_per_s": ups, "perf/learn_pct": learn_pct}
-            scalars.update({f"train/{k}": float(v) for k, v in metrics.items()})
-            log.scalars(env_steps, scalars)
-            done_its = it + 1 - run_start_it
-            eta = (now - run_start) / done_its * (cfg.trainer.num_iterations - it - 1)
-            log.line(f"[{it + 1}/{cfg.trainer.num_iterations}] {env_steps:,} steps | {sps:,.0f} env-steps/s | "
-                     f"{ups:.1f} upd/s | learn {learn_pct:.0f}% | return {fmt(window.mean_return)} | "
-                     f"ETA {format_duration(eta)}")
+        if telemetry.due(env_steps) and not last_iteration:
+            telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
         if cfg.checkpoint.interval and (it + 1) % cfg.checkpoint.interval == 0 and not last_iteration:
             try:
                 learner_core.save(cfg, spec, agent, env_steps)
             except learner_core.CheckpointSaveError as exc:  # disk full, I/O error: keep training
                 print(f"fastsac sync: error: {exc}; training goes on, next try at iteration "
                       f"{it + 1 + cfg.checkpoint.interval:,}", file=sys.stderr, flush=True)
+    # every run logs its final metrics, however short it was or however it stopped
+    telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
     exit_code = 0
     try:
         path = learner_core.save(cfg, spec, agent, env_steps)
@@ -123,6 +108,6 @@ def train_sync(cfg: Config) -> int:
     except learner_core.CheckpointSaveError as exc:  # the run did not end whole: exit 1 with the reason
         print(f"fastsac sync: error: the final checkpoint failed: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
-    log.close()
+    telemetry.close()
     env.close()
     return exit_code

@@ -21,6 +21,18 @@ def test_a_run_shorter_than_the_log_interval_still_logs_its_final_metrics(tmp_pa
     assert "[40/40] 320 steps" in result.stdout, result.stdout
 
 
+def test_a_short_synchronous_run_logs_its_final_metrics_once(tmp_path, job_name):
+    cfg = tiny_config(tmp_path, job_name, env={"num_envs": 8, "max_episode_steps": 5},
+                      trainer={"num_iterations": 30, "asynchronous": False},
+                      logging={"interval": 10_000, "interval_s": 3600.0})
+    result = launch(cfg)
+    assert result.returncode == 0, result.stdout + result.stderr
+    tags = scalar_tags(tmp_path / "run")
+    assert len(tags["perf/env_steps_per_s"]) == 1 and tags["perf/env_steps_per_s"][0] > 0
+    assert "rollout/mean_return" in tags and "perf/learn_pct" in tags
+    assert result.stdout.count("[30/30] 240 steps") == 1, result.stdout
+
+
 def test_collector_rates_come_from_their_counters_at_any_logging_rate(tmp_path, job_name):
     """Logging far faster than the collectors refresh their stats record (pendulum, 0.05 s):
     every window's rate is what the collectors' step counters say, never a fallback."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastsac.config import ConfigError
-from fastsac.shm_layout import pid_alive
+from fastsac.procs import pid_alive
 
 FORMAT = "fastsac-checkpoint"
 FORMAT_VERSION = 2          # 1: no run id, save counter or checksum (refused: it cannot be verified)
@@ -87,7 +87,10 @@ def _digest_and_nonfinite(payload: dict) -> tuple[str, list[str]]:
             t = t.contiguous()
             put(b"T", f"{t.dtype}{tuple(t.shape)}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy())
-            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            # a finite sum proves every element finite (NaN/inf propagate); only an overflowing
+            # sum needs the exact check (the sum runs ~20x faster than isfinite(t).all())
+            if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t.sum())) \
+                    and not bool(torch.isfinite(t).all()):
                 nonfinite.append(path)
         elif isinstance(obj, dict):
             put(b"d", struct.pack("<Q", len(obj)))

@@ -2,6 +2,9 @@
 writers, corrupt and foreign files (tests/test_checkpoint_integrity.py drives the trainers' save/restore)."""
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,3 +114,26 @@ def test_check_fresh_run_dir_names_the_files_and_the_ways_out(tmp_path):
         assert needed in message, (needed, message)
     check_fresh_run_dir(tmp_path, "auto")
     check_fresh_run_dir(tmp_path, str(path))
+
+
+def test_large_finite_values_are_not_taken_for_non_finite(tmp_path):
+    # the finite check's fast path sums each tensor: a sum that overflows must not refuse a finite state
+    payload = _payload(9)
+    payload["agent"]["big"] = torch.full((16,), 3e38)
+    payload["agent"]["half"] = torch.full((100,), 6e4, dtype=torch.float16)
+    path = RunCheckpoints.fresh(tmp_path, keep=1).save(payload)
+    assert torch.equal(load_checkpoint(path)["agent"]["big"], payload["agent"]["big"])
+    payload["agent"]["big"][3] = float("nan")
+    with pytest.raises(Exception, match=r"non-finite .*agent\.big"):
+        RunCheckpoints.fresh(tmp_path / "b", keep=1).save(payload)
+
+
+def test_bench_checkpoint_smoke(tmp_path):
+    """benchmarks/bench_checkpoint.py still runs at its smallest size (rows checked, never numbers)."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_checkpoint.py"
+    proc = subprocess.run([sys.executable, str(bench), "--small", "--rounds", "1", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith("#")]
+    assert rows == ["op", "save", "load"], proc.stdout
+    assert list(tmp_path.iterdir()) == [], "the benchmark left files behind"

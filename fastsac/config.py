@@ -27,9 +27,7 @@ from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """Invalid configuration or command-line usage (exit code 2)."""
+from fastsac.errors import ConfigError  # its own module: fastsac.envs.registry raises it too
 
 
 # Every integer ends up in an int64 somewhere (numpy/torch shapes, shared-memory counters): a

@@ -15,8 +15,7 @@ import os
 import sys
 
 from fastsac.config import Config, ConfigError, load_config
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 
 class UsageArgumentParser(argparse.ArgumentParser):

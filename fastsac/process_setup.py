@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from fastsac import binding
 from fastsac.config import Config, ConfigError, load_config
+from fastsac.errors import EXIT_FAILURE, EXIT_USAGE
 
 ALLOWED_CPUS_ENV = "FASTSAC_ALLOWED_CPUS"
-EXIT_FAILURE, EXIT_USAGE = 1, 2
 
 
 @dataclass

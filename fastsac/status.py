@@ -32,8 +32,9 @@ import time
 from dataclasses import dataclass
 
 from fastsac import shm_layout as shm
+from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_NOT_RUNNING, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_RUNNING = EXIT_FAILURE   # the job named is not running
 SAMPLE_S = 0.5          # seconds between the two counter reads of a one-shot status
 MIN_DT_S = 0.05         # two reads closer than this give no rate
 _CLEAR = "\x1b[H\x1b[2J"

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastsac import shm_layout as shm
+from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.process_setup import ALLOWED_CPUS_ENV
 from fastsac.topology import format_cpulist
 
 POLL_S = 0.1
 KILL_GRACE_S = 5.0   # between the escalation's SIGTERM and SIGKILL
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def say(message: str) -> None:

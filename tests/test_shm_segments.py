@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
+import platform
 import time
 
 import numpy as np
@@ -12,6 +13,7 @@ import posix_ipc
 import pytest
 
 from fastsac import shm_layout as L
+from fastsac.shm_layout import segment
 
 SPEC = L.RingSpec(num_envs=4, obs_dim=3, critic_obs_dim=2, act_dim=2, capacity=4)
 INC = 0x5EED_0000_0000_0007
@@ -148,7 +150,7 @@ def test_enospc_is_a_clear_error_and_leaves_nothing(job_name):
 
 def test_enospc_from_fallocate_itself(job_name, monkeypatch):
     # Skip the statvfs pre-check: the reservation (posix_fallocate) must catch it too.
-    monkeypatch.setattr(L, "shm_free_bytes", lambda: 1 << 62)
+    monkeypatch.setattr(segment, "shm_free_bytes", lambda: 1 << 62)
     with pytest.raises(L.ShmLayoutError, match="not enough shared memory .* needs"):
         L.WeightSnapshot.create(job_name, 0, 1 << 40, INC)  # 8 TB
     assert not exists(L.wts_name(job_name, 0))
@@ -166,7 +168,7 @@ def test_creation_reserves_and_prefaults(job_name):
 
 @pytest.mark.parametrize("machine", ["aarch64", "arm64", "ppc64le"])
 def test_non_x86_refuses_unless_overridden(job_name, monkeypatch, machine):
-    monkeypatch.setattr(L.platform, "machine", lambda: machine)
+    monkeypatch.setattr(platform, "machine", lambda: machine)
     monkeypatch.delenv(L.UNSAFE_ENV, raising=False)
     msg = f"refusing to run: the lock-free ring relies on x86-64 TSO; {machine} needs acquire/release atomics"
     with pytest.raises(L.ShmLayoutError, match=msg):
@@ -234,7 +236,7 @@ def test_dead_launcher_leaves_stale_segments_that_are_found_and_removed(job_name
     for s in stale:
         assert f"job '{job_name}' is dead (launcher pid {p.pid} no longer holds it; that process is gone)" in s.reason
     report = L.format_stale_report(stale)
-    assert f"remove with: python -m fastsac.shm_layout clean --job {job_name}" in report
+    assert f"remove with: fastsac-launch --cleanup {job_name}" in report
     with pytest.raises(L.ShmLayoutError, match=f"job '{job_name}' is not running: its launcher .* is stale"):
         L.ControlBlock.attach(job_name)
     assert sorted(L.unlink_job_segments(job_name)) == sorted(names)
@@ -384,7 +386,7 @@ def test_cli_list_and_clean(job_name, capsys):
     L.TransitionRing.create(job_name, 0, SPEC, INC).close()
     assert L.main(["list", "--job", job_name]) == 0
     out = capsys.readouterr().out
-    assert "STALE" in out and f"clean --job {job_name}" in out
+    assert "STALE" in out and f"fastsac-launch --cleanup {job_name}" in out
     assert L.main(["clean", "--job", job_name]) == 0
     assert f"removed /fastsac.{job_name}.c0.ring" in capsys.readouterr().out
     assert not exists(L.ring_name(job_name, 0))

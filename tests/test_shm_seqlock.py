@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fastsac import shm_layout as L
+from fastsac.shm_layout import snapshot
 
 INC = 0x0BAD_CAFE_F00D_0001
 NUMEL_4MB = 1 << 20  # 1M float32 = 4 MiB: a copy takes long enough to be overtaken
@@ -125,7 +126,7 @@ def _is_torn(out: np.ndarray, version: int) -> bool:
 
 
 class _NumpyWithStalledCopies:
-    """shm_layout's `np`, except that every other `copyto` stalls 1 ms halfway through.
+    """shm_layout.snapshot's `np`, except that every other `copyto` stalls 1 ms halfway through.
 
     A reader that starts a copy in one of the writer's bursts is then overtaken by two versions
     for certain, on any machine and under any load; without the stall, whether copies get
@@ -150,7 +151,7 @@ class _NumpyWithStalledCopies:
 
 def test_cross_process_no_torn_snapshot_accepted_and_negative_control(job_name, procs, monkeypatch):
     ctx = mp.get_context("spawn")
-    monkeypatch.setattr(L, "np", _NumpyWithStalledCopies())
+    monkeypatch.setattr(snapshot, "np", _NumpyWithStalledCopies())
     reader = L.WeightSnapshot.create(job_name, 0, NUMEL_4MB, INC)
     stop, ready = ctx.Event(), ctx.Event()
     p = procs(writer_main, job_name, NUMEL_4MB, stop, ready)

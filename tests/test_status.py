@@ -144,7 +144,7 @@ def test_observer_handle_cannot_write(job):
         with pytest.raises(L.ShmLayoutError, match="not written by this process"):
             obs.learner["env_steps"] = 1
         with pytest.raises(L.ShmLayoutError):
-            obs.request_stop(L.StopReason.ERROR)
+            obs.request_stop(L.StopReason.FINISHED)
     finally:
         obs.close()
 

@@ -27,7 +27,7 @@ import importlib.util
 
 import numpy as np
 
-from fastsac.config import ConfigError
+from fastsac.errors import ConfigError
 from fastsac.envs.base import StepResult, VecEnv, env_seed_sequence
 
 DEFAULT_MAX_EPISODE_STEPS = 1000

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastsac.config import ConfigError
+from fastsac.errors import ConfigError
 from fastsac.envs.base import StepResult, VecEnv, env_seed_sequence
 from fastsac.envs.mujoco_physics import BatchPhysics, LoopPhysics, mujoco_batch_module
 

@@ -11,7 +11,7 @@ import difflib
 import importlib
 from dataclasses import dataclass
 
-from fastsac.config import ConfigError
+from fastsac.errors import ConfigError
 
 # name -> (module, class). Every class takes (num_envs, seed, first_env_id, max_episode_steps, num_threads).
 BUILTIN_ENVS: dict[str, tuple[str, str]] = {

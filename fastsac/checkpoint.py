@@ -325,6 +325,11 @@ class RunCheckpoints:
             if h.run_id == run.run_id:
                 run.next_seq = max(run.next_seq, h.save_seq + 1)
                 run.last_saved_at = max(run.last_saved_at, h.saved_at)
+        # an unreadable file of this run keeps its number too (only ever raises the counter)
+        for p in checkpoint_dir(run_path).glob(CKPT_GLOB):
+            m = _NAME_RE.match(p.name)
+            if m and m["run"] == run.run_id:
+                run.next_seq = max(run.next_seq, int(m["seq"]) + 1)
         run._remember(Path(path), _check_format(payload, Path(path)))
         return run
 
@@ -405,8 +410,9 @@ class RunCheckpoints:
             self._checked.pop(h.path, None)
 
     def _verified_header(self, p: Path) -> CheckpointHeader | None:
-        """The header of a file that verifies, else None (reported once). Each file is verified
-        once per process (again only if it changes): a file of another run costs one header read."""
+        """The header of a file, None when it cannot be trusted (reported once). Files of this run
+        are verified in full (they are the ones pruning may delete); a file of another run costs
+        one header read. Each file is looked at once per process, again only when it changes."""
         try:
             st = p.stat()
         except FileNotFoundError:
@@ -422,7 +428,7 @@ class RunCheckpoints:
                 load_checkpoint(p, mmap=True)
             verdict = header
         except CheckpointError as exc:
-            self.log(f"checkpoint: {exc}; it is left in place and does not count towards checkpoint.keep")
+            self.log(f"checkpoint retention: {exc}; it is left in place and does not count towards checkpoint.keep")
         self._checked[p] = (key, verdict)
         return verdict
 

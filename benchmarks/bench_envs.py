@@ -18,9 +18,21 @@ largest per-core speed-up over Gymnasium any implementation with Gymnasium's phy
     .venv/bin/python benchmarks/bench_envs.py                      # 3 tasks x 256, 1024 envs x 1, 2 threads
     .venv/bin/python benchmarks/bench_envs.py --tasks humanoid --num-envs 256 --threads 1 2 --seconds 3
     .venv/bin/python benchmarks/bench_envs.py --tasks halfcheetah --with-loop   # mujoco.batch vs the per-env loop
+    .venv/bin/python benchmarks/bench_envs.py --tasks --envpool-tasks HumanoidRun-v1 \
+        BerkeleyHumanoidJoystickFlatTerrain-v1 --num-envs 64 --threads 1 2        # EnvPool: raw vs the adapter
 
 Needs the optional extra (pip install 'fastsac[mujoco]') and imageio for Gymnasium's
 MuJoCo envs (pip install 'gymnasium[mujoco]').
+
+EnvPool rows (--envpool-tasks, optional extra fastsac[envpool]): per task, size and thread
+count, EnvPool's own pool stepped directly (`pool.step`, its next-step auto-reset: the step
+after an episode ends only resets that env) against the same pool behind fastsac's
+`envpool:` adapter (same-step reset of the ended envs, float32 obs/critic_obs split), both
+with the same threads and thread placement, paired round by round: "vs raw" is the
+adapter's speed as a fraction of EnvPool's (1 - it = the adapter's overhead).
+--envpool-affinity adds a raw cell with the workers pinned one per CPU (EnvPool's
+thread_affinity_offset; possible where the threads = this process's CPUs, consecutive ids) to
+compare with the adapter's placement, the process's CPUs (run it under numactl).
 """
 from __future__ import annotations
 
@@ -37,7 +49,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from fastsac.envs.mujoco_physics import mujoco_batch_module  # noqa: E402
-from fastsac.envs.registry import env_class, make_env  # noqa: E402
+from fastsac.envs.registry import ENVPOOL_PREFIX, env_class, make_env  # noqa: E402
 
 GYM_IDS = {"humanoid": "Humanoid-v5", "ant": "Ant-v5", "halfcheetah": "HalfCheetah-v5"}
 
@@ -175,6 +187,73 @@ def gymnasium_cell(task, num_envs):
     return _Cell("gymnasium sync", 1, env, env.step, space.low, space.high, num_envs)
 
 
+def envpool_cells(task_id, num_envs, threads, with_affinity):
+    """EnvPool stepped directly, then through fastsac's adapter (same seeds, threads, thread placement);
+    with_affinity: also the raw pool with its workers pinned one per CPU, where this process's CPUs allow it."""
+    import envpool
+
+    from fastsac.envs.envpool_adapter import env_seeds, thread_affinity_offset
+    adapter = make_env(ENVPOOL_PREFIX + task_id, num_envs, seed=0, num_threads=threads)
+    adapter.reset(0)
+    placements = [("envpool raw", thread_affinity_offset(adapter.num_threads))]   # the adapter's default
+    if with_affinity:
+        try:
+            placements.append(("envpool raw pin", thread_affinity_offset(adapter.num_threads, "pin")))
+        except ValueError:  # e.g. fewer threads than CPUs: EnvPool cannot pin inside them
+            pass
+    cells = []
+    for label, offset in placements:
+        pool = envpool.make_gymnasium(task_id, num_envs=num_envs, batch_size=num_envs, num_threads=adapter.num_threads,
+                                      thread_affinity_offset=offset, seed=env_seeds(0, 0, num_envs).tolist(),
+                                      max_episode_steps=adapter.max_episode_steps)
+        pool.reset()
+        cells.append(_Cell(label, adapter.num_threads, pool, pool.step, adapter.action_low, adapter.action_high,
+                           num_envs))
+    cells.insert(1, _Cell("fastsac envpool", adapter.num_threads, adapter, adapter.step, adapter.action_low,
+                          adapter.action_high, num_envs))
+    return cells
+
+
+def _print_rows(task, n, cells, base, width):
+    for cell in cells:
+        wall, cpu = float(np.median(cell.wall_rates)), float(np.median(cell.cpu_rates))
+        per_core = wall / cell.threads
+        if base is not None:
+            r_core = _paired_ratio(np.array(cell.wall_rates) / cell.threads, np.array(base.wall_rates) / base.threads)
+            r_cpu = _paired_ratio(cell.cpu_rates, base.cpu_rates)
+        else:
+            r_core = r_cpu = "-"
+        print(f"{task:<{width}} {n:>5} {cell.label:<16} {cell.threads:>3} {wall:>12,.0f} {per_core:>10,.0f} "
+              f"{cpu:>10,.0f} {r_core:>22} {r_cpu:>22}", flush=True)
+
+
+def _print_header(width, base_name):
+    header = (f"{'task':<{width}} {'envs':>5} {'impl':<16} {'thr':>3} {'env-steps/s':>12} {'per core':>10} "
+              f"{'per CPU-s':>10} {'vs ' + base_name + '/core':>22} {'vs ' + base_name + '/CPU-s':>22}")
+    print(header)
+    print("-" * len(header))
+
+
+def _envpool_table(args):
+    import envpool
+
+    width = max(12, *(len(t) for t in args.envpool_tasks))
+    print(f"\n# EnvPool {envpool.__version__}: envpool raw = pool.step (next-step auto-reset), fastsac envpool = "
+          "the envpool: adapter on the same pool config; vs raw = round-by-round ratio to envpool raw, same threads")
+    _print_header(width, "raw")
+    for task in args.envpool_tasks:
+        for n in args.num_envs:
+            for t in args.threads:
+                cells = envpool_cells(task, n, t, args.envpool_affinity)
+                try:
+                    for _ in range(args.rounds):
+                        measure_round(cells, args.warmup, args.seconds)
+                finally:
+                    for cell in cells:
+                        cell.close()
+                _print_rows(task, n, cells, cells[0], width)
+
+
 def _paired_ratio(rates, base_rates) -> str:
     """'median [min-max]' of the round-by-round ratios rates[i] / base_rates[i]."""
     r = np.asarray(rates, float) / np.asarray(base_rates, float)
@@ -183,7 +262,12 @@ def _paired_ratio(rates, base_rates) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", nargs="+", default=list(GYM_IDS), choices=list(GYM_IDS))
+    p.add_argument("--tasks", nargs="*", default=list(GYM_IDS), choices=list(GYM_IDS),
+                   help="built-in tasks vs Gymnasium (none: only the EnvPool rows)")
+    p.add_argument("--envpool-tasks", nargs="*", default=[], metavar="TASK_ID",
+                   help="EnvPool task ids: raw EnvPool vs the fastsac adapter (needs fastsac[envpool])")
+    p.add_argument("--envpool-affinity", action="store_true",
+                   help="EnvPool rows: also the raw pool with its threads pinned one per CPU, where possible")
     p.add_argument("--num-envs", nargs="+", type=int, default=[256, 1024])
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--seconds", type=float, default=1.0, help="measured time per cell and round")
@@ -197,7 +281,13 @@ def main(argv=None) -> int:
                    help="skip the physics-bound row (time in Gymnasium's MuJoCo calls alone: the ceiling)")
     args = p.parse_args(argv)
 
-    import mujoco
+    try:
+        import mujoco
+        mujoco_version = mujoco.__version__
+    except ImportError:
+        if args.tasks:
+            raise
+        mujoco_version = "missing"
     try:
         import gymnasium
         gym_version = gymnasium.__version__
@@ -205,21 +295,19 @@ def main(argv=None) -> int:
         gym_version = "missing"
     print(f"# machine: {platform.machine()}, nproc {os.cpu_count()} (affinity {len(os.sched_getaffinity(0))}), "
           f"CPU: {_cpu_model()}, load average at start {os.getloadavg()[0]:.2f}")
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, mujoco {mujoco.__version__}, "
+    print(f"# python {platform.python_version()}, numpy {np.__version__}, mujoco {mujoco_version}, "
           f"gymnasium {gym_version}")
     print(f"# {args.rounds} rounds of {args.seconds:g} s per cell, cells stepped alternately (after {args.warmup} "
           "warm-up steps each); uniform random actions, auto-reset on termination/truncation")
     print("# env-steps/s, per core (= / physics threads; Gymnasium: 1), per CPU-s (env-steps per second of "
           "process CPU time): median round")
-    print("# vs gym: median [min-max] over rounds of (this cell / Gymnasium in the same round), per core and "
-          "per CPU-s")
-    print("# physics bound = the same batched env timed inside its physics step only: the ceiling for "
-          "Gymnasium's physics")
-    print()
-    header = (f"{'task':<12} {'envs':>5} {'impl':<16} {'thr':>3} {'env-steps/s':>12} {'per core':>10} "
-              f"{'per CPU-s':>10} {'vs gym/core':>22} {'vs gym/CPU-s':>22}")
-    print(header)
-    print("-" * len(header))
+    if args.tasks:
+        print("# vs gym: median [min-max] over rounds of (this cell / Gymnasium in the same round), per core and "
+              "per CPU-s")
+        print("# physics bound = the same batched env timed inside its physics step only: the ceiling for "
+              "Gymnasium's physics")
+        print()
+        _print_header(12, "gym")
     old_cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)  # any MUJOCO_LOG.TXT lands here, not in the repo
@@ -237,17 +325,9 @@ def main(argv=None) -> int:
                     finally:
                         for cell in cells:
                             cell.close()
-                    base = None if args.no_gymnasium else cells[0]
-                    for cell in cells:
-                        wall, cpu = float(np.median(cell.wall_rates)), float(np.median(cell.cpu_rates))
-                        per_core = wall / cell.threads
-                        if base is not None:
-                            r_core = _paired_ratio(np.array(cell.wall_rates) / cell.threads, base.wall_rates)
-                            r_cpu = _paired_ratio(cell.cpu_rates, base.cpu_rates)
-                        else:
-                            r_core = r_cpu = "-"
-                        print(f"{task:<12} {n:>5} {cell.label:<16} {cell.threads:>3} {wall:>12,.0f} {per_core:>10,.0f} "
-                              f"{cpu:>10,.0f} {r_core:>22} {r_cpu:>22}", flush=True)
+                    _print_rows(task, n, cells, None if args.no_gymnasium else cells[0], 12)
+            if args.envpool_tasks:
+                _envpool_table(args)
         finally:
             os.chdir(old_cwd)
     print(f"\n# load average at end {os.getloadavg()[0]:.2f}")

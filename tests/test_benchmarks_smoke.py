@@ -92,3 +92,19 @@ def test_gpu_check_dry_run_on_cpu():
                  "async quick start on cpu: exit 0", "check_learner_contention:", "learner upd/s (CPU inference)"):
         assert text in out, (text, out)
 
+
+def test_bench_envs_measures_envpool_rows():
+    pytest.importorskip("envpool", reason="EnvPool rows need the optional extra: pip install 'fastsac[envpool]'")
+    out = run_benchmark("bench_envs.py", "--tasks", "--envpool-tasks", "CheetahRun-v1", "--num-envs", "4",
+                        "--threads", "1", "2", "--seconds", "0.02", "--rounds", "2", "--warmup", "1",
+                        "--envpool-affinity")
+    import re
+    rows = [re.match(r"CheetahRun-v1\s+4 (.+?)\s+(\d) .* (\S+x) \[.*\]\s+(\S+x) \[.*\]$", line)
+            for line in out.splitlines() if line.startswith("CheetahRun-v1")]
+    assert all(rows), out
+    cells = [(m[1], m[2]) for m in rows]
+    # the pinned cell exists only where this process's CPUs allow a pin (2 threads = 2 consecutive CPUs)
+    assert cells[:4] == [("envpool raw", "1"), ("fastsac envpool", "1"), ("envpool raw", "2"),
+                         ("fastsac envpool", "2")], out
+    assert cells[4:] in ([], [("envpool raw pin", "2")]), out
+    assert rows[0][3] == rows[0][4] == "1.00x", out   # raw EnvPool against itself

@@ -106,6 +106,7 @@ def learner_worker(device: str, cpu: int | None, threads: int, obs_dim: int, act
     torch.set_num_threads(threads)
     from fastsac.algo.fastsac import FastSAC
     from fastsac.algo.replay_buffer import ReplayBuffer
+    from fastsac.transition import TransitionBatch
     from fastsac.config import AlgoConfig
     dev = torch.device(device)
     cfg = AlgoConfig(batch_size=batch, critic_hidden_dim=critic_hidden, actor_hidden_dim=actor_hidden)
@@ -114,9 +115,10 @@ def learner_worker(device: str, cpu: int | None, threads: int, obs_dim: int, act
     buf = ReplayBuffer(envs, 16, obs_dim, 0, act_dim, 1, cfg.gamma, dev)
     for _ in range(8):
         t = torch.zeros(envs, dtype=torch.bool, device=dev)
-        buf.extend(slice(0, envs), torch.randn(envs, obs_dim, device=dev), None,
-                   torch.rand(envs, act_dim, device=dev) * 2 - 1, torch.randn(envs, device=dev), t, t,
-                   torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, obs_dim, device=dev), None)
+        buf.extend(slice(0, envs), TransitionBatch(
+            torch.randn(envs, obs_dim, device=dev), None, torch.rand(envs, act_dim, device=dev) * 2 - 1,
+            torch.randn(envs, device=dev), t, t, torch.zeros(0, dtype=torch.long, device=dev),
+            torch.zeros(0, obs_dim, device=dev), None))
     agent.train(buf, cfg.policy_frequency)   # first calls (allocations) outside any window
     ready.set()
     while not stop.is_set():

@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fastsac import shm_layout as L  # noqa: E402
+from fastsac.transition import TransitionBatch  # noqa: E402
 
 INCARNATION = 0xBE7C_0000_0000_0001
 
@@ -70,12 +71,12 @@ def memcpy_pair_gbps(nbytes: int, working_set: int, seconds: float = 1.0) -> flo
     return total
 
 
-def _env_batch(spec: L.RingSpec, final_frac: float, rng: np.random.Generator) -> dict:
+def _env_batch(spec: L.RingSpec, final_frac: float, rng: np.random.Generator) -> TransitionBatch:
     n = spec.num_envs
     nf = max(1, int(round(n * final_frac))) if final_frac > 0 else 0
     done = np.zeros(n, bool)
     done[rng.choice(n, nf, replace=False)] = True
-    return dict(
+    return TransitionBatch(
         obs=rng.standard_normal((n, spec.obs_dim), dtype=np.float32),
         critic_obs=(rng.standard_normal((n, spec.critic_obs_dim), dtype=np.float32) if spec.critic_obs_dim else None),
         actions=rng.standard_normal((n, spec.act_dim), dtype=np.float32),
@@ -84,15 +85,13 @@ def _env_batch(spec: L.RingSpec, final_frac: float, rng: np.random.Generator) ->
         final_idx=np.flatnonzero(done),
         final_obs=rng.standard_normal((n, spec.obs_dim), dtype=np.float32),  # full [N, dim]: gathered rows
         final_critic_obs=(rng.standard_normal((n, spec.critic_obs_dim), dtype=np.float32)
-                          if spec.critic_obs_dim else None),
-        weight_version=0, env_step=0, incarnation=0,
-    )
+                          if spec.critic_obs_dim else None))
 
 
 def _producer(job: str, spec: L.RingSpec, final_frac: float, zero_copy: bool, ready, stop, result) -> None:
     ring = L.TransitionRing.create(job, 0, spec, INCARNATION)
     batch = _env_batch(spec, final_frac, np.random.default_rng(0))
-    nf = len(batch["final_idx"])
+    nf = batch.num_final
     ready.set()
     pushed = full = 0
     push_s = 0.0
@@ -107,8 +106,7 @@ def _producer(job: str, spec: L.RingSpec, final_frac: float, zero_copy: bool, re
                 slot.num_final, slot.env_step = nf, pushed
                 ring.commit()
         else:
-            batch["env_step"] = pushed
-            ok = ring.try_push(**batch)
+            ok = ring.try_push(batch, weight_version=0, env_step=pushed, incarnation=0)
         if ok:
             push_s += time.perf_counter() - t
             pushed += 1

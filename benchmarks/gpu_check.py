@@ -47,6 +47,7 @@ def timed(fn, n: int, device: torch.device) -> float:
 def check_updates(device: torch.device, quick: bool) -> None:
     from fastsac.algo.fastsac import FastSAC
     from fastsac.algo.replay_buffer import ReplayBuffer
+    from fastsac.transition import TransitionBatch
     from fastsac.config import AlgoConfig
     obs_dim, act_dim, envs = 348, 17, 1024
     batch = 1024 if quick else 8192
@@ -60,9 +61,10 @@ def check_updates(device: torch.device, quick: bool) -> None:
         buf = ReplayBuffer(envs, 32, obs_dim, 0, act_dim, 1, cfg.gamma, device)
         for _ in range(8):
             t = torch.zeros(envs, dtype=torch.bool, device=device)
-            buf.extend(slice(0, envs), torch.randn(envs, obs_dim, device=device), None,
-                       torch.rand(envs, act_dim, device=device) * 2 - 1, torch.randn(envs, device=device), t, t,
-                       torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, obs_dim, device=device), None)
+            buf.extend(slice(0, envs), TransitionBatch(
+                torch.randn(envs, obs_dim, device=device), None, torch.rand(envs, act_dim, device=device) * 2 - 1,
+                torch.randn(envs, device=device), t, t, torch.zeros(0, dtype=torch.long, device=device),
+                torch.zeros(0, obs_dim, device=device), None))
         t0 = time.perf_counter()
         agent.train(buf, cfg.policy_frequency)  # compiles here when asked
         first = time.perf_counter() - t0

@@ -13,6 +13,7 @@ from fastsac.envs.base import reset_seed
 from fastsac.envs.registry import make_env
 from fastsac.job_settings import check_against_job
 from fastsac.episodes import EpisodeTracker
+from fastsac.transition import TransitionBatch
 from fastsac.process_setup import fail, log, resolve_device
 
 
@@ -191,30 +192,13 @@ class Collector:
             t0 = timer.add("sample_actions", t0)
             res = env.step(actions)
             t0 = timer.add("env_step", t0)
-            done = res.terminated | res.truncated
-            done_idx = np.flatnonzero(done)
-            self._check_finite(res, done_idx)
-            nf = done_idx.size
-            np.copyto(slot.obs, obs)
-            if slot.critic_obs is not None:
-                np.copyto(slot.critic_obs, critic_obs)
-            np.copyto(slot.actions, actions)
-            np.copyto(slot.rewards, res.reward)
-            np.copyto(slot.terminated, res.terminated)
-            np.copyto(slot.truncated, res.truncated)
-            if nf:
-                slot.final_idx[:nf] = done_idx
-                slot.final_obs[:nf] = res.final_obs[done_idx]
-                if slot.final_critic_obs is not None:
-                    slot.final_critic_obs[:nf] = res.final_critic_obs[done_idx]
-            slot.num_final = nf
-            slot.weight_version = self.weight_version
-            slot.incarnation = self.incarnation
+            batch = TransitionBatch.from_step(obs, critic_obs, actions, res)
+            self._check_finite(res, batch.final_idx)
             steps += 1
-            slot.env_step = steps
+            slot.write(batch, self.weight_version, steps, self.incarnation)
             ring.commit()
             timer.add("push", t0)
-            episodes.step(res.reward, done)
+            episodes.step(res.reward, res.terminated | res.truncated)
             obs, critic_obs = res.obs, res.critic_obs
             self.rec["env_steps"] = steps * n
             self.rec["heartbeat_ns"] = time.monotonic_ns()

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from fastsac import learner_core
+from fastsac import run_state
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.envs.registry import EnvSpec, make_env
@@ -73,8 +73,8 @@ class Learner:
         probe.close()
         self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
-        self.agent, self.buffer = learner_core.build_agent(cfg, self.spec, low, high, self.device)
-        self.env_steps = learner_core.restore(cfg, self.spec, self.agent, lambda m: log(ROLE, m))
+        self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device)
+        self.env_steps = run_state.restore(cfg, self.spec, self.agent, lambda m: log(ROLE, m))
         self.start_env_steps = self.env_steps
         self.total_env_steps = cfg.trainer.num_iterations * cfg.env.num_envs
         numel = policy_flat_numel(self.spec.obs_dim, self.spec.act_dim, cfg.algo)
@@ -242,9 +242,7 @@ class Learner:
                 log(ROLE, f"collector {feed.cid}: new incarnation {incarnation}")
             feed.last_incarnation = incarnation
             feed.max_lag = max(feed.max_lag, feed.snapshot_version - int(hdr[j, shm.HDR["weight_version"]]))
-            learner_core.ingest(self.agent, self.buffer, feed.rows, s["obs"], s["critic_obs"], s["actions"],
-                                s["rewards"], s["terminated"], s["truncated"], s["final_idx"],
-                                s["final_obs"], s["final_critic_obs"])
+            run_state.ingest(self.agent, self.buffer, feed.rows, s)
         feed.note_ingested(run.k, int(hdr[-1, shm.HDR["incarnation"]]), int(hdr[-1, shm.HDR["env_step"]]))
 
     # ------------------------------------------------------------------ updates
@@ -345,8 +343,8 @@ class Learner:
                 next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
                 with heartbeat_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
                     try:
-                        learner_core.save(cfg, self.spec, self.agent, self.env_steps)
-                    except learner_core.CheckpointSaveError as exc:  # disk full, I/O error: keep training
+                        run_state.save(cfg, self.spec, self.agent, self.env_steps)
+                    except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
                         log(ROLE, f"error: {exc}; training goes on, next try at iteration {next_ckpt_it:,}")
         reason = reason or "finished"
         # every run logs its final metrics, however short it was
@@ -354,9 +352,9 @@ class Learner:
         self.telemetry.refresh_status()
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
         try:
-            path = learner_core.save(cfg, self.spec, self.agent, self.env_steps)
+            path = run_state.save(cfg, self.spec, self.agent, self.env_steps)
             log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")
-        except learner_core.CheckpointSaveError as exc:  # the job did not end whole: exit 1 with the reason
+        except run_state.CheckpointSaveError as exc:  # the job did not end whole: exit 1 with the reason
             log(ROLE, f"error: {reason}, but the final checkpoint failed: {exc}")
             self.exit_code = 1
         self.ctl.learner["state"] = int(shm.ProcState.FINISHED if self.exit_code == 0 else shm.ProcState.FAILED)

@@ -22,6 +22,7 @@ import torch
 
 from fastsac import shm_layout as shm
 from fastsac.learner_feed import CollectorFeed
+from fastsac.transition import TransitionBatch
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.uint8): torch.uint8,
                  np.dtype(np.int64): torch.int64}
@@ -95,23 +96,17 @@ class IngestStaging:
             self.copies += 1
 
     def slots(self, run: StagedRun):
-        """Per slot j: a dict of device tensors (obs, critic_obs, actions, rewards, terminated,
-        truncated, final_idx, final_obs, final_critic_obs), views of the staged bytes."""
+        """Per slot: a TransitionBatch of device tensors, views of the staged bytes."""
         spec = run.feed.spec
         block = self.dev[run.dense_at:run.dense_at + run.k * spec.dense_nbytes].view(run.k, spec.dense_nbytes)
         dense = {f.name: block[:, f.offset:f.offset + f.nbytes].view(_TORCH_DTYPES[f.dtype]).unflatten(1, f.shape)
                  for f in spec.slot_fields() if f.name != "header" and f.offset < spec.dense_nbytes}
         for j in range(run.k):
             nf = int(run.headers[j, shm.HDR["num_final"]])
-            out = {name: v[j] for name, v in dense.items()}
-            out["terminated"], out["truncated"] = out["terminated"].bool(), out["truncated"].bool()
-            out.setdefault("critic_obs", None)
-            out["final_critic_obs"] = None
+            values = dict.fromkeys(("critic_obs", "final_critic_obs"))   # None unless the task has them
+            values.update({name: v[j] for name, v in dense.items()})
             base = run.finals_at + run.offsets[j]
             for f, off, nbytes in spec.final_rows_layout(nf):
-                if run.offsets[j] < 0:
-                    out[f.name] = self.dev[:0].view(_TORCH_DTYPES[f.dtype]).reshape(0, *f.shape[1:])
-                else:
-                    out[f.name] = self.dev[base + off:base + off + nbytes].view(_TORCH_DTYPES[f.dtype]).reshape(
-                        nf, *f.shape[1:])
-            yield out
+                rows = self.dev[base + off:base + off + nbytes] if run.offsets[j] >= 0 else self.dev[:0]
+                values[f.name] = rows.view(_TORCH_DTYPES[f.dtype]).reshape(nf, *f.shape[1:])
+            yield TransitionBatch(**values)

@@ -15,13 +15,14 @@ import time
 import numpy as np
 import torch
 
-from fastsac import learner_core
+from fastsac import run_state
 from fastsac.config import Config
 from fastsac.envs.base import reset_seed
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.episodes import EpisodeTracker
 from fastsac.process_setup import resolve_device
 from fastsac.telemetry import Telemetry
+from fastsac.transition import TransitionBatch
 
 
 class StopRequest:
@@ -36,12 +37,8 @@ class StopRequest:
         self.requested = True
 
 
-def to_device(x: np.ndarray | None, device: torch.device, dtype=torch.float32) -> torch.Tensor | None:
-    return None if x is None else torch.as_tensor(x, dtype=dtype).to(device)
-
-
 def train_sync(cfg: Config) -> int:
-    learner_core.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
+    run_state.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
     device = resolve_device(cfg.device)
     torch.set_flush_denormal(True)  # subnormal floats once made early updates 15x slower on CPU
     torch.manual_seed(cfg.seed)
@@ -51,8 +48,8 @@ def train_sync(cfg: Config) -> int:
     env = make_env(cfg.env.name, n, seed=cfg.seed, first_env_id=0, max_episode_steps=cfg.env.max_episode_steps,
                    num_threads=len(os.sched_getaffinity(0)))
     spec = EnvSpec(env.obs_dim, env.critic_obs_dim, env.act_dim, env.max_episode_steps)
-    agent, buffer = learner_core.build_agent(cfg, spec, env.action_low, env.action_high, device)
-    env_steps = learner_core.restore(cfg, spec, agent)
+    agent, buffer = run_state.build_agent(cfg, spec, env.action_low, env.action_high, device)
+    env_steps = run_state.restore(cfg, spec, agent)
     start_it = env_steps // n
     obs, critic_obs = env.reset(reset_seed(cfg.seed, start_env_steps=env_steps))
     rng = np.random.default_rng([cfg.seed, start_it])
@@ -73,17 +70,11 @@ def train_sync(cfg: Config) -> int:
         if it < cfg.algo.learning_starts:
             actions = rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
         else:
-            actions = agent.act(to_device(obs, device)).cpu().numpy()
+            actions = agent.act(torch.as_tensor(obs).to(device)).cpu().numpy()
         res = env.step(actions)
-        done = res.terminated | res.truncated
-        done_idx = np.flatnonzero(done)
-        learner_core.ingest(
-            agent, buffer, rows, to_device(obs, device), to_device(critic_obs, device),
-            to_device(actions, device), to_device(res.reward, device),
-            to_device(res.terminated, device, torch.bool), to_device(res.truncated, device, torch.bool),
-            to_device(done_idx, device, torch.int64), to_device(res.final_obs[done_idx], device),
-            None if res.final_critic_obs is None else to_device(res.final_critic_obs[done_idx], device))
-        episodes.step(res.reward, done)
+        batch = TransitionBatch.from_step(obs, critic_obs, actions, res).compact()
+        run_state.ingest(agent, buffer, rows, batch.map(lambda name, x: torch.as_tensor(x).to(device)))
+        episodes.step(res.reward, res.terminated | res.truncated)
         obs, critic_obs = res.obs, res.critic_obs
         env_steps += n
         if it >= cfg.algo.learning_starts and cfg.algo.num_updates > 0 and buffer.ready():
@@ -95,17 +86,17 @@ def train_sync(cfg: Config) -> int:
             telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
         if cfg.checkpoint.interval and (it + 1) % cfg.checkpoint.interval == 0 and not last_iteration:
             try:
-                learner_core.save(cfg, spec, agent, env_steps)
-            except learner_core.CheckpointSaveError as exc:  # disk full, I/O error: keep training
+                run_state.save(cfg, spec, agent, env_steps)
+            except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
                 print(f"fastsac sync: error: {exc}; training goes on, next try at iteration "
                       f"{it + 1 + cfg.checkpoint.interval:,}", file=sys.stderr, flush=True)
     # every run logs its final metrics, however short it was or however it stopped
     telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
     exit_code = 0
     try:
-        path = learner_core.save(cfg, spec, agent, env_steps)
+        path = run_state.save(cfg, spec, agent, env_steps)
         log.line(f"final checkpoint: {path}")
-    except learner_core.CheckpointSaveError as exc:  # the run did not end whole: exit 1 with the reason
+    except run_state.CheckpointSaveError as exc:  # the run did not end whole: exit 1 with the reason
         print(f"fastsac sync: error: the final checkpoint failed: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
     telemetry.close()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastsac.transition import TransitionBatch
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.replay_buffer import ReplayBuffer
 from fastsac.config import AlgoConfig
@@ -56,9 +57,10 @@ def filled_buffer(critic_obs_dim=0, steps=12) -> ReplayBuffer:
     no = torch.zeros(4, dtype=torch.bool)
     for _ in range(steps):
         co = torch.randn(4, critic_obs_dim, generator=g) if critic_obs_dim else None
-        buf.extend(slice(0, 4), torch.randn(4, OBS_DIM, generator=g), co, torch.rand(4, ACT_DIM, generator=g),
-                   torch.randn(4, generator=g), no, no, torch.zeros(0, dtype=torch.long), torch.zeros(0, OBS_DIM),
-                   torch.zeros(0, critic_obs_dim) if critic_obs_dim else None)
+        buf.extend(slice(0, 4), TransitionBatch(
+            torch.randn(4, OBS_DIM, generator=g), co, torch.rand(4, ACT_DIM, generator=g), torch.randn(4, generator=g),
+            no, no, torch.zeros(0, dtype=torch.long), torch.zeros(0, OBS_DIM),
+            torch.zeros(0, critic_obs_dim) if critic_obs_dim else None))
     return buf
 
 

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from fastsac.transition import TransitionBatch
 from fastsac import shm_layout as L
 from fastsac.algo.replay_buffer import ReplayBuffer
 from fastsac.learner_feed import CollectorFeed, FeedFault
 from fastsac.learner_staging import IngestStaging
 
+HEADER_KEYS = ("weight_version", "env_step", "incarnation")
 INC = 0x5EED_0000_0000_0001
 NUMEL = 8
 # two collectors of one job: different block sizes; 4 + 3 = 7 env rows
@@ -51,7 +53,9 @@ class Job:
 
     def push(self, cid: int, n: int) -> None:
         for _ in range(n):
-            assert self.prods[cid].try_push(**batch(cid, self.pushed[cid], SPECS[cid]))
+            b = batch(cid, self.pushed[cid], SPECS[cid])
+            assert self.prods[cid].try_push(TransitionBatch(**{k: v for k, v in b.items() if k not in HEADER_KEYS}),
+                                            b["weight_version"], b["env_step"], b["incarnation"])
             self.pushed[cid] += 1
 
     def close(self) -> None:
@@ -96,11 +100,9 @@ def test_rows_of_two_rings_land_in_the_buffer_intact_across_wrap_around(job):
                 cid = run.feed.cid
                 for j, s in enumerate(staging.slots(run)):
                     exp = batch(cid, seen[cid], SPECS[cid])
-                    for name in ("obs", "critic_obs", "actions", "rewards", "terminated", "truncated",
-                                 "final_idx", "final_obs", "final_critic_obs"):
-                        np.testing.assert_array_equal(s[name].numpy(), exp[name], err_msg=f"c{cid} slot {seen[cid]} {name}")
-                    buf.extend(run.feed.rows, s["obs"], s["critic_obs"], s["actions"], s["rewards"], s["terminated"],
-                               s["truncated"], s["final_idx"], s["final_obs"], s["final_critic_obs"])
+                    for name, value in s.items():
+                        np.testing.assert_array_equal(value.numpy(), exp[name], err_msg=f"c{cid} slot {seen[cid]} {name}")
+                    buf.extend(run.feed.rows, s)
                     seen[cid] += 1
     assert seen == job.pushed == [21, 18]
     # the buffer's rows hold each collector's stamps in its own block, in order

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastsac.transition import TransitionBatch
 from fastsac.algo.replay_buffer import ReplayBuffer
 
 OBS, FINAL = 0.0, 1.0        # kind: observation an action was taken in / true final observation
@@ -43,8 +44,8 @@ class Harness:
             self.history[r].append(dict(obs=obs[j].tolist(), reward=float(rewards[j]), term=bool(term[j]),
                                         done=bool(term[j] | trunc[j]), final=enc(r, len(self.history[r]), FINAL, self.inc[r])))
         c = (lambda x: 10 * x + 1) if self.cd else (lambda x: None)
-        self.buf.extend(rows, obs, c(obs), obs[:, 1:2] * 0.01, torch.tensor(rewards, dtype=torch.float32),
-                        term, trunc, done, final, c(final))
+        self.buf.extend(rows, TransitionBatch(obs, c(obs), obs[:, 1:2] * 0.01, torch.tensor(rewards, dtype=torch.float32),
+                                              term, trunc, done, final, c(final)))
 
     def drop_newest(self, rows: slice):
         self.buf.drop_newest(rows)

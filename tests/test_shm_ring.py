@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from fastsac import shm_layout as L
+from fastsac.transition import TransitionBatch
 
+HEADER_KEYS = ("weight_version", "env_step", "incarnation")
 INC = 0x1234_5678_9ABC_DEF0  # a job incarnation for tests that run without a control block
 SMALL = L.RingSpec(num_envs=4, obs_dim=3, critic_obs_dim=2, act_dim=2, capacity=16)
 STRESS = L.RingSpec(num_envs=4, obs_dim=3, critic_obs_dim=2, act_dim=2, capacity=64)
@@ -64,6 +66,12 @@ class Stamper:
                     terminated=self.term, truncated=self.trunc, final_idx=idx, final_obs=self.fobs[:nf],
                     final_critic_obs=None if self.fcobs is None else self.fcobs[:nf],
                     weight_version=k // 7, env_step=k, incarnation=3)
+
+
+def push(ring, d: dict) -> bool:
+    """try_push of a stamped dict: the batch fields plus weight_version, env_step, incarnation."""
+    return ring.try_push(TransitionBatch(**{k: v for k, v in d.items() if k not in HEADER_KEYS}),
+                         d["weight_version"], d["env_step"], d["incarnation"])
 
 
 def stamped(spec: L.RingSpec, k: int) -> dict:
@@ -139,7 +147,7 @@ def producer_main(job: str, spec: L.RingSpec, n_slots: int, start_k: int = 0, cr
     k = start_k
     while k < start_k + n_slots:
         args = stamp(k)
-        while not ring.try_push(**args):
+        while not push(ring, args):
             time.sleep(0)  # full: yield the core to the consumer (2-core machine)
         k += 1
     ring.close()
@@ -210,7 +218,7 @@ def test_push_peek_release_roundtrip(job_name):
     try:
         assert cons.available() == 0 and cons.peek(4) == []
         for k in range(5):
-            assert prod.try_push(**stamped(SMALL, k))
+            assert push(prod, stamped(SMALL, k))
         assert cons.fill() == (5, 16) and cons.available() == 5
         views = cons.peek(3)
         assert [v.seq for v in views] == [0, 1, 2]
@@ -231,16 +239,16 @@ def test_full_ring_refuses_and_overwrites_nothing(job_name):
     cons = L.TransitionRing.attach(job_name, 0, spec, "consumer")
     try:
         for k in range(4):
-            assert prod.try_push(**stamped(spec, k))
+            assert push(prod, stamped(spec, k))
         before = prod._slots_u8.copy()
-        assert prod.try_push(**stamped(spec, 99)) is False
+        assert push(prod, stamped(spec, 99)) is False
         assert prod.next_free_slot() is None
         np.testing.assert_array_equal(prod._slots_u8, before)  # not one byte changed
         assert cons.fill() == (4, 4) and prod.write_cursor == 4
         for k, v in enumerate(cons.peek(4)):
             check_slot(v, spec, k)
         cons.release(1)
-        assert prod.try_push(**stamped(spec, 4))  # reuses exactly the freed slot
+        assert push(prod, stamped(spec, 4))  # reuses exactly the freed slot
         assert [v.seq for v in cons.peek(4)] == [1, 2, 3, 4]
         for v in cons.peek(4):
             check_slot(v, spec, v.seq)
@@ -287,7 +295,7 @@ def test_full_final_arrays_are_gathered_like_compacted(job_name):
         full[args["final_idx"]] = args["final_obs"]
         full_c = np.zeros((4, 2), np.float32)
         full_c[args["final_idx"]] = args["final_critic_obs"]
-        assert prod.try_push(**{**args, "final_obs": full, "final_critic_obs": full_c})
+        assert push(prod, {**args, "final_obs": full, "final_critic_obs": full_c})
         check_slot(cons.peek(1)[0], SMALL, 6, seq=0)
     finally:
         prod.close(), cons.close()
@@ -298,10 +306,10 @@ def test_bad_shapes_raise_and_publish_nothing(job_name):
     try:
         args = stamped(SMALL, 6)  # nf = 2
         with pytest.raises(L.ShmLayoutError, match=r"obs has shape \(3,\)"):
-            prod.try_push(**{**args, "obs": np.zeros(3, np.float32)})  # would broadcast silently
+            push(prod, {**args, "obs": np.zeros(3, np.float32)})  # would broadcast silently
         with pytest.raises(L.ShmLayoutError, match="final_obs has 3 rows"):
-            prod.try_push(**{**args, "final_obs": np.zeros((3, 3), np.float32)})
-        assert prod.write_cursor == 0 and prod.try_push(**args) and prod.write_cursor == 1
+            push(prod, {**args, "final_obs": np.zeros((3, 3), np.float32)})
+        assert prod.write_cursor == 0 and push(prod, args) and prod.write_cursor == 1
     finally:
         prod.close()
 
@@ -313,7 +321,7 @@ def test_copy_out_moves_dense_part_and_num_final_rows(job_name):
         k = 0
         for _ in range(3):  # wraps around the 16-slot ring: exercises the 2-run path
             for _ in range(7):
-                assert prod.try_push(**stamped(SMALL, k))
+                assert push(prod, stamped(SMALL, k))
                 k += 1
             staged = copy_out_as_slots(cons, 16)
             check_staging(staged, SMALL, cons.read_cursor)

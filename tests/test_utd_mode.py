@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from e2e_helpers import tiny_config
+from fastsac.transition import TransitionBatch
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.config import load_config
@@ -46,10 +47,10 @@ def push_batches(ring: shm.TransitionRing, n: int) -> None:
     rng = np.random.default_rng(0)
     none = np.zeros(NUM_ENVS, bool)
     for k in range(n):
-        assert ring.try_push(rng.standard_normal((NUM_ENVS, OBS_DIM)).astype(np.float32), None,
-                             rng.uniform(-1, 1, (NUM_ENVS, ACT_DIM)).astype(np.float32),
-                             -rng.random(NUM_ENVS).astype(np.float32), none, none,
-                             np.empty(0, np.int64), np.empty((0, OBS_DIM), np.float32), None,
+        assert ring.try_push(TransitionBatch(rng.standard_normal((NUM_ENVS, OBS_DIM)).astype(np.float32), None,
+                                             rng.uniform(-1, 1, (NUM_ENVS, ACT_DIM)).astype(np.float32),
+                                             -rng.random(NUM_ENVS).astype(np.float32), none, none,
+                                             np.empty(0, np.int64), np.empty((0, OBS_DIM), np.float32), None),
                              weight_version=0, env_step=k, incarnation=1)
 
 

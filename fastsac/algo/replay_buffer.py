@@ -36,6 +36,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fastsac.transition import TransitionBatch
+
 
 class ReplayBuffer:
     def __init__(self, num_envs: int, buffer_size: int, obs_dim: int, critic_obs_dim: int, act_dim: int,
@@ -78,15 +80,17 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer: env_rows must be a non-empty contiguous slice, got {env_rows}")
         return torch.arange(start, stop, device=self.device)
 
-    def extend(self, env_rows: slice, obs: Tensor, critic_obs: Tensor | None, actions: Tensor, rewards: Tensor,
-               terminated: Tensor, truncated: Tensor, final_idx: Tensor, final_obs: Tensor,
-               final_critic_obs: Tensor | None) -> None:
-        """Append one env-step batch for the rows in env_rows (see the module docstring).
+    def extend(self, env_rows: slice, batch: TransitionBatch) -> None:
+        """Append one env-step batch (torch tensors on this device) for the rows in env_rows.
 
-        final_idx: int64 LOCAL indices (within the block) of the envs whose episode ended this
-        step; it must list exactly the envs with terminated | truncated (not checked: that would
-        cost a host sync). final_obs / final_critic_obs: their true last observations.
+        batch.final_idx: int64 LOCAL indices (within the block) of the envs whose episode ended
+        this step; it must list exactly the envs with terminated | truncated (not checked here:
+        that would cost a host sync; the learner checks it on the host before staging).
+        batch.final_obs / final_critic_obs: their true last observations, one row each.
         """
+        obs, critic_obs, actions, rewards = batch.obs, batch.critic_obs, batch.actions, batch.rewards
+        terminated, truncated, final_idx = batch.terminated, batch.truncated, batch.final_idx
+        final_obs, final_critic_obs = batch.final_obs, batch.final_critic_obs
         rows = self._rows(env_rows)
         a = self.pos[rows]                      # absolute index of the new entry, per row
         slot = a % self.buffer_size

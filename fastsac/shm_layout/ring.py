@@ -25,6 +25,7 @@ from fastsac.shm_layout.locks import (
 from fastsac.shm_layout.segment import (
     SegmentInfo, _incarnation_of, _open_quiet, _Segment, _SegmentHandle, _unlink_quiet,
 )
+from fastsac.transition import FIELDS, TransitionBatch, fields_for
 
 SLOT_HEADER_FIELDS = ("weight_version", "env_step", "num_final", "incarnation", "produced_ns", "seq")
 SLOT_HEADER_NBYTES = CACHE_LINE  # int64[8]; unused entries reserved
@@ -89,16 +90,13 @@ class RingSpec:
 
     @functools.cached_property
     def _fields(self) -> tuple[tuple[SlotField, ...], int, int]:
-        n, f32 = self.num_envs, np.dtype(np.float32)
-        dense = [("header", np.dtype(np.int64), (SLOT_HEADER_NBYTES // 8,)),
-                 ("obs", f32, (n, self.obs_dim))]
-        if self.critic_obs_dim:
-            dense.append(("critic_obs", f32, (n, self.critic_obs_dim)))
-        dense += [("actions", f32, (n, self.act_dim)), ("rewards", f32, (n,)),
-                  ("terminated", np.dtype(np.uint8), (n,)), ("truncated", np.dtype(np.uint8), (n,))]
-        sparse = [("final_idx", np.dtype(np.int64), (n,)), ("final_obs", f32, (n, self.obs_dim))]
-        if self.critic_obs_dim:
-            sparse.append(("final_critic_obs", f32, (n, self.critic_obs_dim)))
+        """The slot header, then the transition fields (fastsac.transition.FIELDS) in their order:
+        the dense ones (every env) first, the final-row ones last."""
+        dense = [("header", np.dtype(np.int64), (SLOT_HEADER_NBYTES // 8,))]
+        sparse = []
+        for f in fields_for(self.critic_obs_dim):
+            shape = (self.num_envs, *f.row_shape(self.obs_dim, self.critic_obs_dim, self.act_dim))
+            (sparse if f.final else dense).append((f.name, f.dtype, shape))
         out, off, dense_nbytes = [], 0, 0
         for group in (dense, sparse):
             for name, dt, shape in group:
@@ -164,12 +162,12 @@ class RingSpec:
 
 
 class SlotView:
-    """Zero-copy numpy views of one ring slot; built once per slot at attach.
+    """Zero-copy numpy views of one ring slot, one attribute per transition field (None for a
+    field the task lacks), built once per slot at attach.
 
     Valid while the ring is attached. A consumer must copy what it needs before release().
     """
-    __slots__ = ("index", "raw", "obs", "critic_obs", "actions", "rewards", "terminated", "truncated",
-                 "final_idx", "final_obs", "final_critic_obs", "_h")
+    __slots__ = ("index", "raw", "_h", "_dense", "_final", *(f.name for f in FIELDS))
 
     def __init__(self, index: int, raw: np.ndarray, spec: RingSpec):
         self.index = index
@@ -177,9 +175,29 @@ class SlotView:
         views = {f.name: raw[f.offset:f.offset + f.nbytes].view(f.dtype).reshape(f.shape)
                  for f in spec.slot_fields()}
         self._h = views.pop("header")
-        self.critic_obs = self.final_critic_obs = None
-        for name, v in views.items():
-            setattr(self, name, v)
+        for f in FIELDS:
+            setattr(self, f.name, views.get(f.name))
+        present = fields_for(spec.critic_obs_dim)
+        self._dense = tuple(f.name for f in present if not f.final)
+        self._final = tuple(f.name for f in present if f.final and f.name != "final_idx")
+
+    def write(self, batch: TransitionBatch, weight_version: int, env_step: int, incarnation: int) -> None:
+        """Copy one env-step batch into this slot, every field shape-checked (a wrong shape would
+        broadcast silently). final_obs / final_critic_obs may be the compacted [num_final, dim]
+        rows or the env's full [N, dim] arrays (rows final_idx are gathered). Only num_final
+        rows are copied. Publish with TransitionRing.commit()."""
+        for name in self._dense:
+            _copy(getattr(self, name), getattr(batch, name), name)
+        nf = batch.num_final
+        if nf > len(self.final_idx):
+            raise ShmLayoutError(f"final_idx has {nf} entries but the ring has {len(self.final_idx)} envs")
+        if nf:
+            self.final_idx[:nf] = batch.final_idx
+            for name in self._final:
+                _copy_rows(getattr(self, name), getattr(batch, name), batch.final_idx, nf, name)
+        h = self._h
+        h[HDR["num_final"]], h[HDR["weight_version"]] = nf, weight_version
+        h[HDR["env_step"]], h[HDR["incarnation"]] = env_step, incarnation
 
     def _get(i):  # noqa: N805 - property factory
         return property(lambda self: int(self._h[i]), lambda self, v: self._h.__setitem__(i, v))
@@ -329,37 +347,15 @@ class TransitionRing(_SegmentHandle):
         # Publication point. x86-64 TSO: this store becomes visible after every store above.
         self._wc[0] = self._w
 
-    def try_push(self, obs, critic_obs, actions, rewards, terminated, truncated, final_idx, final_obs,
-                 final_critic_obs, weight_version: int, env_step: int, incarnation: int) -> bool:
-        """Copy one env-step batch into the ring; False (nothing written) when full.
-
-        final_idx: ascending env indices whose episode ended (np.flatnonzero(term | trunc)).
-        final_obs / final_critic_obs: either compacted [num_final, dim] rows or the env's
-        full [N, dim] arrays (rows final_idx are gathered). Only num_final rows are copied.
-        """
+    def try_push(self, batch: TransitionBatch, weight_version: int, env_step: int, incarnation: int) -> bool:
+        """Copy one env-step batch into the ring (SlotView.write) and commit it; False (nothing
+        written) when full. The collector does the same in two steps: next_free_slot() before it
+        steps its envs (backpressure), slot.write(...) and commit() after."""
         slot = self.next_free_slot()
         if slot is None:
             return False
         try:
-            _copy(slot.obs, obs, "obs")
-            if slot.critic_obs is not None:
-                _copy(slot.critic_obs, critic_obs, "critic_obs")
-            _copy(slot.actions, actions, "actions")
-            _copy(slot.rewards, rewards, "rewards")
-            _copy(slot.terminated, terminated, "terminated")
-            _copy(slot.truncated, truncated, "truncated")
-            nf = len(final_idx)
-            if nf > self.spec.num_envs:
-                raise ShmLayoutError(f"final_idx has {nf} entries but the ring has {self.spec.num_envs} envs")
-            if nf:
-                slot.final_idx[:nf] = final_idx
-                _copy_rows(slot.final_obs, final_obs, final_idx, nf, "final_obs")
-                if slot.final_critic_obs is not None:
-                    _copy_rows(slot.final_critic_obs, final_critic_obs, final_idx, nf, "final_critic_obs")
-            slot.num_final = nf
-            slot.weight_version = weight_version
-            slot.env_step = env_step
-            slot.incarnation = incarnation
+            slot.write(batch, weight_version, env_step, incarnation)
         except BaseException:
             self._pending = False  # nothing published; the slot is simply reused
             raise

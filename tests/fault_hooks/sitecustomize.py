@@ -44,15 +44,15 @@ if _COMPILE_DELAY > 0 or _SAVE_DELAY > 0:
         algo.FastSAC.__init__ = __init__
 
     def _patch_slow_save() -> None:
-        from fastsac import learner_core
+        from fastsac import run_state
 
-        original_save = learner_core.save
+        original_save = run_state.save
 
         def slow_save(*args, **kwargs):
             time.sleep(_SAVE_DELAY)
             return original_save(*args, **kwargs)
 
-        learner_core.save = slow_save
+        run_state.save = slow_save
 
     class _PatchOnLearnerImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):

@@ -1,4 +1,4 @@
-"""What the synchronous trainer and the async learner share: device choice, agent +
+"""The state of a run, as both trainers (synchronous and async learner) hold it: agent +
 replay buffer construction, ingestion of one env-step batch, checkpoint save/restore.
 
 Keeping these in one place is what makes checkpoints interchangeable between the two
@@ -18,6 +18,7 @@ from fastsac.checkpoint import (CheckpointError, CheckpointSaveError, RunCheckpo
                                 check_fresh_run_dir, find_resume, to_device)
 from fastsac.config import Config, config_to_dict
 from fastsac.envs.registry import EnvSpec
+from fastsac.transition import TransitionBatch
 
 
 def build_agent(cfg: Config, spec: EnvSpec, action_low: np.ndarray, action_high: np.ndarray,
@@ -29,15 +30,13 @@ def build_agent(cfg: Config, spec: EnvSpec, action_low: np.ndarray, action_high:
     return agent, buffer
 
 
-def ingest(agent: FastSAC, buffer: ReplayBuffer, env_rows: slice, obs, critic_obs, actions, rewards,
-           terminated, truncated, final_idx, final_obs, final_critic_obs) -> None:
+def ingest(agent: FastSAC, buffer: ReplayBuffer, env_rows: slice, batch: TransitionBatch) -> None:
     """One env-step batch (tensors on the learner device) -> normalizer stats + replay buffer.
 
     Only the learner updates the normalizers; collectors use the published copy read-only.
     """
-    agent.update_normalizers(obs, critic_obs)
-    buffer.extend(env_rows, obs, critic_obs, actions, rewards, terminated, truncated,
-                  final_idx, final_obs, final_critic_obs)
+    agent.update_normalizers(batch.obs, batch.critic_obs)
+    buffer.extend(env_rows, batch)
 
 
 def env_meta(cfg: Config, spec: EnvSpec) -> dict:

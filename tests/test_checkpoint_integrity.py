@@ -114,6 +114,8 @@ def test_truncated_newest_with_keep_1_and_resume_auto_keeps_a_valid_checkpoint(t
     assert any(str(newest) in m for m in logged), logged        # the corrupt file is named
     new = run_state.save(cfg, SPEC, agent, 150)
     assert new.exists() and load_checkpoint(new)["env_steps"] == 150
+    # the unreadable file's number (from its name) is not reused: write order stays unique
+    assert load_checkpoint(new)["save_seq"] > int(newest.name.split("-")[1].split("_")[0])
     assert newest.exists(), "an unreadable file is reported, never deleted (its run cannot be known)"
     assert not old.exists(), "older than the one just written and of the same run: pruned by keep=1"
     assert newest_valid_checkpoint(tmp_path, log=lambda m: None) == new

@@ -28,6 +28,8 @@ import statistics
 import sys
 import time
 
+from fastsac.torch_runtime import configure_torch
+
 IDLE, ON_CPU, ON_DEVICE = 0, 1, 2   # what a contention worker does (a shared value the controller sets)
 SETTLE_S = 0.3                       # after a mode switch, before a cell's window opens
 
@@ -35,9 +37,8 @@ SETTLE_S = 0.3                       # after a mode switch, before a cell's wind
 def worker(device: str, n_envs: int, obs_dim: int, act_dim: int, hidden: int, threads: int, seconds: float,
            start, out):
     import numpy as np
-    import torch
 
-    torch.set_num_threads(threads)
+    configure_torch(threads)   # the settings of a real collector / learner process
     from fastsac.algo.policy import InferencePolicy
     from fastsac.config import AlgoConfig
     cfg = AlgoConfig(actor_hidden_dim=hidden)
@@ -103,7 +104,7 @@ def learner_worker(device: str, cpu: int | None, threads: int, obs_dim: int, act
     _pin(cpu)
     import numpy as np
     import torch
-    torch.set_num_threads(threads)
+    configure_torch(threads)   # the settings of a real collector / learner process
     from fastsac.algo.fastsac import FastSAC
     from fastsac.algo.replay_buffer import ReplayBuffer
     from fastsac.transition import TransitionBatch
@@ -133,8 +134,7 @@ def inference_worker(device: str, cpu: int | None, threads: int, n_envs: int, ob
     """A collector's inference loop, switched between idle / its CPU / the learner's device."""
     _pin(cpu)
     import numpy as np
-    import torch
-    torch.set_num_threads(threads)
+    configure_torch(threads)   # the settings of a real collector / learner process
     policies = {ON_CPU: _policy(obs_dim, act_dim, hidden, "cpu")}
     if device != "cpu":
         policies[ON_DEVICE] = _policy(obs_dim, act_dim, hidden, device)

@@ -7,7 +7,7 @@ plain memcpy measured in the same run, and seqlock snapshot publish/load latency
 Ring: a producer process try_push()es env-step batches copied from env-like arrays (obs,
 actions, rewards, done flags, plus the final observations of the envs whose episode
 ended: --final-frac of them per step); the consumer (this process) copy_out()s every
-slot into a staging buffer of the same layout (what the learner does before one
+slot into dense rows plus packed final rows (what the learner does before one
 host->device copy) and releases it. Bytes moved per slot = dense part + final rows.
 
 memcpy: numpy copyto of a buffer of the same size (pre-faulted), one thread. The ring's

@@ -14,7 +14,8 @@ from fastsac.envs.registry import make_env
 from fastsac.job_settings import check_against_job
 from fastsac.episodes import EpisodeTracker
 from fastsac.transition import TransitionBatch
-from fastsac.process_setup import fail, log, resolve_device
+from fastsac.process_setup import fail, log
+from fastsac.torch_runtime import resolve_device
 
 
 STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed

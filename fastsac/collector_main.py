@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if ctx.args.check_numa:
         from fastsac.numa_check import run_collector_check
         return run_collector_check(ctx)
-    process_setup.set_torch_threads(process_setup.torch_threads(ctx))
+    from fastsac.torch_runtime import configure_torch
+    configure_torch(process_setup.torch_threads(ctx))
     from fastsac.collector_loop import Collector
     from fastsac.config import ConfigError
     from fastsac.shm_layout import ShmLayoutError

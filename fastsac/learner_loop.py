@@ -22,7 +22,8 @@ from fastsac.job_settings import check_against_job
 from fastsac.learner_feed import CollectorFeed, FeedFault
 from fastsac.learner_staging import IngestStaging
 from fastsac.learner_telemetry import LearnerTelemetry
-from fastsac.process_setup import log, resolve_device
+from fastsac.process_setup import log
+from fastsac.torch_runtime import resolve_device
 
 ROLE = "learner"
 ATTACH_RETRY_S = 0.2     # how often missing rings/snapshots are looked for (collectors create them)

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if ctx.args.check_numa:
         from fastsac.numa_check import run_learner_check
         return run_learner_check(ctx)
-    process_setup.set_torch_threads(process_setup.torch_threads(ctx))
+    from fastsac.torch_runtime import configure_torch
+    configure_torch(process_setup.torch_threads(ctx))
     from fastsac.checkpoint import CheckpointError
     from fastsac.config import ConfigError
     from fastsac.learner_loop import Learner

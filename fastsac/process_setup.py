@@ -126,17 +126,6 @@ def build_and_run(role: str, build, usage_errors: tuple = (), failure_errors: tu
         loop.close()
 
 
-def resolve_device(name: str, key: str = "device"):
-    """'auto' = cuda if available else cpu; an explicit cuda without CUDA is a config error."""
-    import torch
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"{key}: {name!r} was requested but CUDA is not available "
-                          f"(torch {torch.__version__}); use cpu or auto")
-    return torch.device(name)
-
-
 def torch_threads(ctx: ProcessContext) -> int:
     """CPUs this process owns. With binding off every process may use every CPU, so they
     are shared out evenly among the job's processes instead of each taking all of them."""
@@ -149,14 +138,3 @@ def torch_threads(ctx: ProcessContext) -> int:
         taken = {c for col in ctx.plan.collectors for c in col.cpus}
         return max(1, len(set(ctx.me.cpus) - taken))
     return len(ctx.me.cpus)
-
-
-def set_torch_threads(num_threads: int) -> None:
-    """torch intra-op threads = the CPUs this process owns (oversubscription halves throughput)."""
-    import torch
-    torch.set_flush_denormal(True)  # subnormal floats once made early updates 15x slower on CPU
-    torch.set_num_threads(max(1, num_threads))
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set (only allowed once, before any parallel work)
-        pass

@@ -81,6 +81,14 @@ def procs():
         p.join(5)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torch_runtime():
+    """The process-wide torch settings every fastsac process makes at start (subnormals flushed)."""
+    from fastsac.torch_runtime import configure_torch
+    configure_torch()
+    yield
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Run a module's torch code on one thread: tiny nets only pay sync overhead for a second

@@ -85,12 +85,6 @@ class FastSAC:
         self.target_entropy = -act_dim * cfg.target_entropy_ratio
 
         on_cuda = dev.type == "cuda"
-        if not on_cuda:
-            # Subnormal floats (e.g. Adam's second moments of tiny early gradients) run ~100x
-            # slower on x86 CPUs: measured 150 ms instead of 10 ms per update for the first
-            # hundred updates of the quickstart nets. Flushing them to zero costs nothing in
-            # accuracy. Note: process-wide setting of the calling thread.
-            torch.set_flush_denormal(True)
         betas = (cfg.adam_beta1, cfg.adam_beta2)
         fused = True if on_cuda else None          # one kernel per step instead of one per tensor
         self.actor_optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor_lr, betas=betas,

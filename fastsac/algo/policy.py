@@ -19,8 +19,6 @@ class InferencePolicy:
     def __init__(self, obs_dim: int, act_dim: int, action_low: np.ndarray, action_high: np.ndarray,
                  cfg: AlgoConfig, device: torch.device | str = "cpu", seed: int | None = None):
         self.device = torch.device(device)
-        if self.device.type == "cpu":
-            torch.set_flush_denormal(True)   # subnormals are ~100x slower on x86 (see FastSAC.__init__)
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden_dim, cfg.actor_num_layers, cfg.log_std_min,
                            cfg.log_std_max, action_low, action_high).to(self.device).requires_grad_(False).eval()

@@ -62,7 +62,9 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool) -> None:
     preflight.check_run_dir(cfg)
     preflight.check_resume(cfg)
     from fastsac.checkpoint import check_fresh_run_dir  # torch-free
-    check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
+    from fastsac.shm_layout import job_is_alive
+    if not job_is_alive(cfg.job_name):   # a second launch of a running job is told exactly that, later
+        check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
     preflight.check_devices(cfg)
     preflight.check_memory(cfg, spec)
     if uses_segments:

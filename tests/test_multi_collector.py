@@ -20,8 +20,9 @@ def plan_json(config: Path, *overrides: str) -> dict:
     return json.loads(proc.stdout)
 
 
-def test_default_config_plans_one_unbound_collector_without_numactl():
-    plan = plan_json(REPO / "configs" / "quickstart.yaml", "trainer.asynchronous=true")
+def test_default_config_plans_one_unbound_collector_without_numactl(tmp_path):
+    # its own run_dir: the default one may hold a quick-start run's checkpoints (a fresh run is refused there)
+    plan = plan_json(REPO / "configs" / "quickstart.yaml", "trainer.asynchronous=true", f"run_dir={tmp_path / 'run'}")
     assert plan["binding"] == "off"
     assert len(plan["collectors"]) == 1
     for proc in [plan["learner"], *plan["collectors"]]:

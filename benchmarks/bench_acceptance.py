@@ -60,6 +60,7 @@ DEFAULT_CONFIG = "configs/quickstart.yaml"
 ENV_RATIO_TARGET = 1.8      # criterion 1: N collectors vs 1, perf/env_steps_per_s
 UPDATES_RATIO_MIN = 0.95    # criterion 3: "does not drop", with 5% for run-to-run noise
 BAND_SD = 2.0               # criterion 4: the sync band is mean +- BAND_SD sd
+NO_PERF, NO_LEARNING = "no throughput phase, --phases", "no learning phase, --phases"
 PROGRESS_LINE = re.compile(r"^\[\d+/\d+\] ", re.M)   # the learner's console progress line
 SMOKE = {"rounds": 1, "seconds": 2.0, "log_interval_s": 0.5, "seeds": [1, 2], "learn_iterations": 40}
 SMOKE_OVERRIDES = ["env.max_episode_steps=10", "logging.interval=5"]   # episodes end inside a short run
@@ -310,8 +311,8 @@ def report(args, sync: Setup, one: Setup, many: Setup, untested: str | None) -> 
         print(row("perf/env_steps_per_s", fmt_num(med(env1)), fmt_num(med(envn)), fmt_ratio(rr),
                   f">= {ENV_RATIO_TARGET:.2f}x", results["env_steps_per_s"][0]))
     else:
-        results["env_steps_per_s"] = ("skipped", "no throughput phase (--phases)")
-        print(row("perf/env_steps_per_s", "-", "-", "-", f">= {ENV_RATIO_TARGET:.2f}x", "skipped"))
+        results["env_steps_per_s"] = ("skipped", NO_PERF)
+        print(row("perf/env_steps_per_s", "-", "-", "-", f">= {ENV_RATIO_TARGET:.2f}x", f"skipped: {NO_PERF}"))
     if perf and args.updates != 0:
         l1, ln = med([r["learn"] for r in one.runs]), med([r["learn"] for r in many.runs])
         results["learn_pct"] = ("pass" if ln > l1 else "FAIL", "")
@@ -324,7 +325,7 @@ def report(args, sync: Setup, one: Setup, many: Setup, untested: str | None) -> 
         print(row("perf/updates_per_s", fmt_num(med(u1), ".1f"), fmt_num(med(un), ".1f"), fmt_ratio(ur),
                   f">= {UPDATES_RATIO_MIN:.2f}x", results["updates_per_s"][0]))
     else:
-        why = "collection only (--updates 0)" if perf else "no throughput phase (--phases)"
+        why = "collection only, --updates 0" if perf else NO_PERF
         for name in ("learn_pct", "updates_per_s"):
             results[name] = ("skipped", why)
             print(row(f"perf/{name}", "-", "-", "-", "rises" if name == "learn_pct" else
@@ -347,8 +348,8 @@ def returns_rows(args, sync: Setup, one: Setup, many: Setup) -> tuple[str, str]:
     k = len(args.seeds)
     label = f"returns (strict, {k} seed{'s' if k > 1 else ''})"
     if "learning" not in args.phases:
-        print(row(label, "-", "-", "-", "in sync band", "skipped"))
-        return "skipped", "no learning phase (--phases)"
+        print(row(label, "-", "-", "-", "in sync band", f"skipped: {NO_LEARNING}"))
+        return "skipped", NO_LEARNING
     finite = [v for v in sync.returns if math.isfinite(v)]
     if len(finite) < 2:
         print(row(label, "-", "-", "-", "in sync band", "skipped: the band needs >= 2 seeds"))

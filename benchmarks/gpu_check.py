@@ -107,14 +107,23 @@ def check_end_to_end(device: torch.device, quick: bool) -> bool:
         cmd = [sys.executable, "-m", "fastsac.launcher", str(REPO / "configs" / "quickstart.yaml"),
                f"device={device}", "trainer.async_options.collector_inference_device=auto",
                f"trainer.num_iterations={200 if quick else 1500}", f"run_dir={tmp}/run",
-               f"job_name=gpucheck{os.getpid()}"]   # a concurrent smoke test must not collide
+               f"job_name=gpucheck{os.getpid()}", "logging.interval_s=1"]   # unique: a concurrent smoke test
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[") and "env-steps/s" in ln]
-        print(f"  async quick start on {device}: exit {proc.returncode} in {time.perf_counter() - t0:.0f} s; "
-              f"last progress line: {lines[-1] if lines else '(none)'}")
+        wall = time.perf_counter() - t0
+        rates = ""
+        if proc.returncode == 0:
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+            acc = EventAccumulator(f"{tmp}/run/tb", size_guidance={"scalars": 0})
+            acc.Reload()
+            # median over the log windows; the last window (written while the run ends) is left out
+            med = {t: float(np.median([e.value for e in acc.Scalars(t)][:-1] or [e.value for e in acc.Scalars(t)]))
+                   for t in ("perf/env_steps_per_s", "perf/updates_per_s", "perf/learn_pct")}
+            rates = (f"; median over log windows: {med['perf/env_steps_per_s']:,.0f} env-steps/s, "
+                     f"{med['perf/updates_per_s']:.1f} updates/s, learn {med['perf/learn_pct']:.0f}%")
+        print(f"  async quick start on {device}: exit {proc.returncode} in {wall:.0f} s{rates}")
         if proc.returncode:
-            print(proc.stderr[-2000:])
+            print(proc.stdout[-2000:] + proc.stderr[-2000:])
         return proc.returncode == 0
 
 

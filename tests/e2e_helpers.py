@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -73,3 +74,34 @@ def newest_checkpoint(run_dir: Path) -> Path:
     ckpts = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
     assert ckpts, f"no checkpoint in {run_dir / 'checkpoints'}"
     return ckpts[-1]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """predicate()'s first truthy value, polled every 50 ms; AssertionError after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def observe(job: str):
+    """A read-only handle on a running job's control block, or None while there is none."""
+    from fastsac import shm_layout as shm
+    try:
+        return shm.ControlBlock.attach(job, role="observer")
+    except shm.ShmLayoutError:
+        return None
+
+
+def kill_all(launcher: subprocess.Popen | None, *others: subprocess.Popen) -> None:
+    """Test clean-up: SIGKILL the launcher's whole process group and any process started by hand."""
+    for proc in [p for p in (launcher, *others) if p is not None]:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL) if proc is launcher else proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()

@@ -8,29 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 
-from e2e_helpers import job_segments, tiny_config
+from e2e_helpers import job_segments, kill_all, observe, tiny_config, wait_for
 from fastsac import shm_layout as shm
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _observer(job: str):
-    try:
-        return shm.ControlBlock.attach(job, role="observer")
-    except shm.ShmLayoutError:
-        return None
 
 
 def test_a_corrupted_ring_drops_and_restarts_its_collector_not_the_job(tmp_path, job_name):
@@ -40,16 +22,16 @@ def test_a_corrupted_ring_drops_and_restarts_its_collector_not_the_job(tmp_path,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     log = tmp_path / "run" / "logs" / "learner.log"
     try:
-        ctl = _wait_for(lambda: _observer(job_name), 120, "the job's control block")
+        ctl = wait_for(lambda: observe(job_name), 120, "the job's control block")
         try:
-            _wait_for(lambda: ctl.ingest(0)["ingested_slots"] > 5, 120, "the learner to ingest")
+            wait_for(lambda: ctl.ingest(0)["ingested_slots"] > 5, 120, "the learner to ingest")
             ring = np.memmap(f"/dev/shm/fastsac.{job_name}.c0.ring", np.int64, "r+")
             ring[shm.RING_WRITE_CURSOR // 8] += 1000     # what the adversarial probe did
             del ring
-            _wait_for(lambda: ctl.ingest(0)["faults"] == 1, 60, "the learner to drop collector 0")
-            _wait_for(lambda: "collector 0: re-attached" in log.read_text(), 120, "collector 0 to come back")
+            wait_for(lambda: ctl.ingest(0)["faults"] == 1, 60, "the learner to drop collector 0")
+            wait_for(lambda: "collector 0: re-attached" in log.read_text(), 120, "collector 0 to come back")
             after = ctl.ingest(0)["ingested_slots"]
-            _wait_for(lambda: ctl.ingest(0)["ingested_slots"] > after + 5, 60, "ingestion from the new incarnation")
+            wait_for(lambda: ctl.ingest(0)["ingested_slots"] > after + 5, 60, "ingestion from the new incarnation")
             assert ctl.ingest(0)["dropped"] == 0 and ctl.supervisor(0)["restarts"] == 1
             assert ctl.learner["state"] == shm.ProcState.RUNNING
         finally:
@@ -62,6 +44,4 @@ def test_a_corrupted_ring_drops_and_restarts_its_collector_not_the_job(tmp_path,
         assert "collector 0 dropped (fault 1): cursor distance" in text, text
         assert job_segments(job_name) == []
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        kill_all(launcher)

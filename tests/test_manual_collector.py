@@ -5,25 +5,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
 
-from e2e_helpers import job_segments, tiny_config
+from e2e_helpers import job_segments, kill_all, observe, tiny_config, wait_for
 from fastsac import shm_layout as shm
 
 HAND_PREFIX = "collector 1 is left for you to start, by hand: "
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, job_name):
@@ -53,7 +42,7 @@ def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, jo
             finally:
                 ctl.close()
 
-        _wait_for(collector1_running, 60, "the hand-started collector to attach")
+        wait_for(collector1_running, 60, "the hand-started collector to attach")
         second = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=60)
         assert second.returncode == 1, second.stdout + second.stderr
         assert "collector_id 1 is taken" in second.stderr, second.stderr
@@ -65,20 +54,7 @@ def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, jo
         assert pushed and int(pushed.group(1)) > 0, out  # it fed the job, then stopped with it
         assert job_segments(job_name) == []
     finally:
-        for proc in [launcher, *started]:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL) if proc is launcher else proc.kill()
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-
-
-def _observer(job: str):
-    try:
-        return shm.ControlBlock.attach(job, role="observer")
-    except shm.ShmLayoutError:
-        return None
+        kill_all(launcher, *started)
 
 
 def test_the_job_waits_for_a_manual_collector_and_refuses_one_with_another_config(tmp_path, job_name):
@@ -97,11 +73,11 @@ def test_the_job_waits_for_a_manual_collector_and_refuses_one_with_another_confi
             if HAND_PREFIX in line:
                 command = line.split(HAND_PREFIX, 1)[1].strip()
                 break
-        _wait_for(lambda: log.exists() and "waiting for collector 1 (start it by hand:" in log.read_text(), 120,
+        wait_for(lambda: log.exists() and "waiting for collector 1 (start it by hand:" in log.read_text(), 120,
                   "the learner to say it waits for collector 1")
-        ctl = _wait_for(lambda: _observer(job_name), 30, "the control block")
+        ctl = wait_for(lambda: observe(job_name), 30, "the control block")
         try:
-            _wait_for(lambda: ctl.ingest(0)["attached"] == 1, 60, "collector 0 to attach")
+            wait_for(lambda: ctl.ingest(0)["attached"] == 1, 60, "collector 0 to attach")
             time.sleep(1.0)   # collector 0 runs and fills its ring meanwhile
             assert ctl.learner["waiting_mask"] == 0b10
             assert ctl.learner["env_steps"] == 0, "env steps counted before every planned collector attached"
@@ -125,13 +101,7 @@ def test_the_job_waits_for_a_manual_collector_and_refuses_one_with_another_confi
         assert right.wait(timeout=30) == 0
         assert job_segments(job_name) == []
     finally:
-        for proc in [launcher, *started]:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL) if proc is launcher else proc.kill()
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+        kill_all(launcher, *started)
 
 
 def test_a_manual_collector_that_never_comes_fails_the_job_after_collector_wait_s(tmp_path, job_name):

@@ -58,7 +58,7 @@ def _f(default: Any = dataclasses.MISSING, *, help: str = "", min: float | None 
 
 @dataclass
 class EnvConfig:
-    name: str = _f("pendulum", help="task name: a built-in env (see fastsac.envs.registry) or gymnasium:<id>")
+    name: str = _f("pendulum", help="task name: a built-in env (see fastsac.envs.registry), gymnasium:<id>, envpool:<task id> or package.module:Class")
     num_envs: int = _f(4096, min=1, help="total parallel envs, split across collectors")
     max_episode_steps: int = _f(0, min=0, help="episode length before truncation; 0 = the task's default")
 

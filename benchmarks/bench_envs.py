@@ -1,4 +1,4 @@
-"""Env throughput: fastsac's batched MuJoCo tasks vs Gymnasium's Python-loop vector env.
+r"""Env throughput: fastsac's batched MuJoCo tasks vs Gymnasium's Python-loop vector env.
 
 For each task and number of envs, builds Gymnasium's SyncVectorEnv (same-step autoreset)
 and fastsac's batched env with each thread count, then measures them in --rounds rounds: in a

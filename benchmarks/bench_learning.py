@@ -2,7 +2,7 @@
 
 Runs the real CLI (`fastsac-launch CONFIG ...`) once per (mode, seed), one run at a time,
 and reads the TensorBoard scalars each run wrote. Prints one row per run and a summary
-per mode, side by side, so the ratio between modes is measured in one session.
+per mode, side by side, so the ratio between modes comes from one run of this script.
 
     python benchmarks/bench_learning.py configs/quickstart.yaml --modes sync async --seeds 1 2 3
     python benchmarks/bench_learning.py configs/quickstart.yaml --modes sync --seeds 1 2 3 trainer.num_iterations=2000

@@ -1,4 +1,4 @@
-"""One short, prepared GPU check for a session that has a CUDA machine for a few minutes.
+"""GPU check: the learner's and the collectors' device paths on one CUDA machine, in a few minutes.
 
     python benchmarks/gpu_check.py            # everything below, ~2-4 min on one GPU
     python benchmarks/gpu_check.py --device cpu --quick   # dry run of the same code paths on a CPU

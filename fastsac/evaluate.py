@@ -1,0 +1,113 @@
+"""`fastsac-eval CHECKPOINT [--episodes N] [--env-name NAME] [--seed S]`: how well a trained policy does.
+
+Loads any checkpoint (the synchronous trainer and the async learner write the same format),
+builds N fresh envs of the trained task (or --env-name, which must have the same observation
+and action sizes) and plays one episode in each with the deterministic actor, the module that
+`fastsac-export` writes (tanh of the mean, normalizer statistics frozen). Episodes end by
+termination or by the env's time limit (the trained env.max_episode_steps for the trained task).
+Prints mean/min/max of the episode returns and lengths.
+
+Seeds: without --seed the envs are seeded with a value derived from the training seed that is
+none of the seeds the job's collectors used (seed + i for collector i), so evaluation does not
+replay the first training episodes. Exit codes: 0 done, 1 runtime failure, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import torch
+
+from fastsac.checkpoint import CheckpointError
+from fastsac.config import SEED_MAX
+from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from fastsac.export import UsageParser, load_for_env
+
+DEFAULT_EPISODES = 10
+_EVAL_SEED_TAG = 0x6576616C   # "eval": keys the derived seed apart from every other use of the job's seed
+
+
+def eval_seed(train_seed: int, num_collectors: int) -> int:
+    """A seed derived from the training seed, never one a collector of the job used (seed + i)."""
+    used = {train_seed + i for i in range(max(1, num_collectors))}
+    tag = _EVAL_SEED_TAG
+    while True:
+        seed = int(np.random.SeedSequence([train_seed, tag]).generate_state(1, np.uint32)[0])
+        if seed not in used:
+            return seed
+        tag += 1
+
+
+def run_episodes(actor: torch.nn.Module, env, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One episode in each of env's envs (their first after reset(seed)); (returns, lengths)."""
+    n = env.num_envs
+    obs, _ = env.reset(seed)
+    returns, lengths = np.zeros(n, np.float64), np.zeros(n, np.int64)
+    running = np.ones(n, bool)
+    for _ in range(env.max_episode_steps):
+        with torch.no_grad():
+            actions = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        res = env.step(actions)
+        # envs that already finished keep stepping (auto-reset); their later episodes are not counted
+        returns[running] += res.reward[running]
+        lengths[running] += 1
+        running &= ~(res.terminated | res.truncated)
+        if not running.any():
+            return returns, lengths
+        obs = res.obs
+    raise RuntimeError(f"{int(running.sum())} of {n} episodes did not end within the env's max_episode_steps "
+                       f"({env.max_episode_steps}): the env does not truncate at its time limit")
+
+
+def build_parser():
+    p = UsageParser(prog="fastsac-eval",
+                    description="Run deterministic episodes of a checkpoint's policy on fresh envs and print "
+                                "the mean/min/max episode return and length.")
+    p.add_argument("checkpoint", help="a checkpoint file (ckpt_*.pt), or a run_dir (its newest valid checkpoint)")
+    p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES,
+                   help=f"episodes to play, one per env, all stepped together (default {DEFAULT_EPISODES})")
+    p.add_argument("--env-name", help="evaluate on this env instead of the trained one (same obs/action sizes)")
+    p.add_argument("--seed", type=int, help="env seed (default: derived from the training seed, "
+                                            "distinct from the seeds training used)")
+    p.add_argument("--video", action="store_true", help=argparse.SUPPRESS)   # accepted only to say it is not available
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_intermixed_args(argv)
+    try:
+        if args.video:
+            raise ConfigError("--video is not available yet; run without it")
+        if args.episodes < 1:
+            raise ConfigError(f"--episodes: {args.episodes} is not a number of episodes; expected an integer >= 1")
+        if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
+            raise ConfigError(f"--seed: {args.seed} is out of range; expected 0..{SEED_MAX}")
+        policy, env_name, max_steps = load_for_env(args.checkpoint, args.env_name)
+        cfg = policy.cfg
+        seed = args.seed if args.seed is not None else eval_seed(cfg.seed, cfg.trainer.async_options.num_collectors)
+        from fastsac.envs.registry import make_env
+        env = make_env(env_name, args.episodes, seed=seed, max_episode_steps=max_steps)
+    except (CheckpointError, ConfigError) as exc:
+        print(f"fastsac-eval: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from fastsac.torch_runtime import configure_torch
+    configure_torch()
+    print(f"fastsac-eval: {policy.describe()}", flush=True)
+    print(f"fastsac-eval: {args.episodes} deterministic episode(s) on {env_name} (max {env.max_episode_steps} steps), "
+          f"seed {seed}{'' if args.seed is not None else ' (derived from training seed ' + str(cfg.seed) + ')'}",
+          flush=True)
+    try:
+        returns, lengths = run_episodes(policy.actor, env, seed)
+    except RuntimeError as exc:
+        print(f"fastsac-eval: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        env.close()
+    print(f"return: mean {returns.mean():.3f}  min {returns.min():.3f}  max {returns.max():.3f}")
+    print(f"length: mean {lengths.mean():.1f}  min {lengths.min()}  max {lengths.max()}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""fastsac-export through its CLI: the exported TorchScript / ONNX actor gives the trainer's
+deterministic actions (FastSAC.act(..., deterministic=True)) on real env observations, at any
+batch size; bad input is exit 2 with nothing written.
+
+Checkpoints are written by the run's own save path (fastsac.run_state.save) from a FastSAC agent
+whose observation normalizer has non-trivial statistics, so a normalizer left out or applied
+twice would show.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastsac import run_state
+from fastsac.config import config_from_dict
+from fastsac.envs.registry import EnvSpec, make_env
+
+TASKS = ["pendulum", "halfcheetah"]
+# torch deprecates TorchScript in favour of torch.export, but still loads it; the format is asked for
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+ATOL = 1e-5
+
+
+def needs(task: str) -> None:
+    if task == "halfcheetah":
+        pytest.importorskip("mujoco", reason="halfcheetah needs the mujoco extra (pip install 'fastsac[mujoco]')")
+
+
+def cli(*args: str, pre: str = "") -> subprocess.CompletedProcess:
+    """python -m fastsac.export ARGS (pre: Python run first in that process, e.g. to hide a module)."""
+    code = f"{pre}\nimport sys\nfrom fastsac.export import main\nsys.exit(main({list(args)!r}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+
+
+def observations(task: str, n: int = 16, steps: int = 5) -> np.ndarray:
+    """Real observations: resets and a few random-action steps of n envs."""
+    env = make_env(task, n, seed=123)
+    try:
+        obs, _ = env.reset(123)
+        rng = np.random.default_rng(0)
+        seen = [obs]
+        for _ in range(steps):
+            obs = env.step(rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)).obs
+            seen.append(obs)
+        return np.concatenate(seen).astype(np.float32)
+    finally:
+        env.close()
+
+
+def make_checkpoint(tmp_path: Path, task: str):
+    """(checkpoint path, the FastSAC agent it holds) written by run_state.save."""
+    cfg = config_from_dict({"run_dir": str(tmp_path / "run"), "device": "cpu", "env": {"name": task, "num_envs": 4},
+                            "algo": {"actor_hidden_dim": 32, "critic_hidden_dim": 32, "actor_num_layers": 2,
+                                     "critic_num_layers": 2, "num_atoms": 11, "buffer_size": 8}})
+    env = make_env(task, 1, seed=0)
+    spec = EnvSpec(env.obs_dim, env.critic_obs_dim, env.act_dim, env.max_episode_steps)
+    torch.manual_seed(0)
+    agent, _ = run_state.build_agent(cfg, spec, env.action_low, env.action_high, torch.device("cpu"))
+    env.close()
+    g = torch.Generator().manual_seed(1)
+    # statistics far from (0, 1): mean ~ 2 + index, std ~ 0.5..3
+    shift, scale = torch.arange(spec.obs_dim) + 2.0, 0.5 + 2.5 * torch.rand(spec.obs_dim, generator=g)
+    agent.update_normalizers(shift + scale * torch.randn(256, spec.obs_dim, generator=g), None)
+    with torch.no_grad():   # a mean head big enough that tanh saturates for some inputs
+        agent.actor.mean_head.weight.mul_(4.0)
+    return run_state.save(cfg, spec, agent, env_steps=64), agent
+
+
+def trainer_actions(agent, obs: np.ndarray) -> np.ndarray:
+    return agent.act(torch.from_numpy(obs), deterministic=True).numpy()
+
+
+@pytest.fixture(params=TASKS)
+def trained(request, tmp_path):
+    needs(request.param)
+    path, agent = make_checkpoint(tmp_path, request.param)
+    obs = observations(request.param)
+    return path, agent, obs, trainer_actions(agent, obs)
+
+
+def test_torchscript_actor_gives_the_trainers_deterministic_actions(trained, tmp_path):
+    path, agent, obs, want = trained
+    out = tmp_path / "actor.pt"
+    proc = cli(str(path), "--format", "torchscript", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    actor = torch.jit.load(str(out))
+    for rows in (obs, obs[:1], obs[:7]):                  # batch size is not baked in
+        got = actor(torch.from_numpy(rows)).numpy()
+        np.testing.assert_allclose(got, trainer_actions(agent, rows), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(actor(torch.from_numpy(obs)).numpy(), want, atol=ATOL, rtol=0)
+    assert np.abs(want).max() > 0 and not np.allclose(want, want[0])   # the check is not vacuous
+
+
+def test_onnx_actor_gives_the_trainers_deterministic_actions(trained, tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'fastsac[export]')")
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed (pip install 'fastsac[export]')")
+    path, agent, obs, want = trained
+    out = tmp_path / "actor.onnx"
+    proc = cli(str(path), "--format", "onnx", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    [inp], [outp] = session.get_inputs(), session.get_outputs()
+    assert (inp.name, outp.name) == ("obs", "action") and not isinstance(inp.shape[0], int)  # dynamic batch
+    for rows in (obs, obs[:1], obs[:7]):
+        [got] = session.run(["action"], {"obs": rows})
+        np.testing.assert_allclose(got, trainer_actions(agent, rows), atol=ATOL, rtol=0)
+    [got] = session.run(["action"], {"obs": obs})
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+
+
+def test_the_exported_file_says_what_it_is(tmp_path):
+    import json
+    path, agent = make_checkpoint(tmp_path, "pendulum")
+    out = tmp_path / "actor.pt"
+    assert cli(str(tmp_path / "run"), "--format", "torchscript", str(out)).returncode == 0   # a run_dir works too
+    extra = {"fastsac.json": ""}
+    torch.jit.load(str(out), _extra_files=extra)
+    meta = json.loads(extra["fastsac.json"])
+    assert meta["env"] == "pendulum" and (meta["obs_dim"], meta["act_dim"]) == (3, 1)
+    assert meta["action_low"] == [-2.0] and meta["action_high"] == [2.0] and meta["checkpoint"]["env_steps"] == 64
+
+
+def test_missing_or_corrupt_checkpoint_is_exit_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "actor.pt"
+    proc = cli(str(tmp_path / "nope.pt"), "--format", "torchscript", str(out))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
+    path, _ = make_checkpoint(tmp_path, "pendulum")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    proc = cli(str(bad), "--format", "torchscript", str(out))
+    assert proc.returncode == 2 and "corrupt" in proc.stderr and "bad.pt" in proc.stderr, proc.stderr
+    proc = cli(str(path), "--format", "torchscript", str(tmp_path / "no_dir" / "actor.pt"))
+    assert proc.returncode == 2 and "no_dir" in proc.stderr, proc.stderr
+    proc = cli(str(path), "--format", "tflite", str(out))
+    assert proc.returncode == 2 and "tflite" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "run"]
+
+
+def test_onnx_without_its_extra_is_exit_2_with_the_pip_command(tmp_path):
+    path, _ = make_checkpoint(tmp_path, "pendulum")
+    out = tmp_path / "actor.onnx"
+    proc = cli(str(path), "--format", "onnx", str(out), pre="import sys; sys.modules['onnxruntime'] = None")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "onnxruntime" in proc.stderr and "pip install 'fastsac[export]'" in proc.stderr, proc.stderr
+    assert not out.exists()

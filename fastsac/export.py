@@ -28,6 +28,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -195,14 +196,14 @@ def check_observations(actor: DeterministicActor, rows: int = CHECK_ROWS) -> Ten
     return actor.obs_mean + 3.0 * std * (2.0 * torch.rand(rows, actor.obs_dim, generator=g) - 1.0)
 
 
-def _write_torchscript(actor: DeterministicActor, meta: dict, out: Path) -> callable:
+def _write_torchscript(actor: DeterministicActor, meta: dict, out: Path) -> Callable[[Tensor], Tensor]:
     scripted = torch.jit.script(actor)
     torch.jit.save(scripted, str(out), _extra_files={METADATA_KEY: json.dumps(meta)})
     loaded = torch.jit.load(str(out), map_location="cpu")
     return lambda obs: loaded(obs)
 
 
-def _write_onnx(actor: DeterministicActor, meta: dict, out: Path) -> callable:
+def _write_onnx(actor: DeterministicActor, meta: dict, out: Path) -> Callable[[Tensor], Tensor]:
     import onnx
     import onnxruntime
 

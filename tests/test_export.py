@@ -22,7 +22,7 @@ from fastsac.envs.registry import EnvSpec, make_env
 
 TASKS = ["pendulum", "halfcheetah"]
 # torch deprecates TorchScript in favour of torch.export, but still loads it; the format is asked for
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
 ATOL = 1e-5
 
 
@@ -150,3 +150,22 @@ def test_onnx_without_its_extra_is_exit_2_with_the_pip_command(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "onnxruntime" in proc.stderr and "pip install 'fastsac[export]'" in proc.stderr, proc.stderr
     assert not out.exists()
+
+
+def test_a_written_file_that_does_not_reproduce_the_actor_is_an_error_and_is_not_kept(tmp_path, monkeypatch):
+    from fastsac import export
+    from fastsac.checkpoint import load_checkpoint
+    path, _ = make_checkpoint(tmp_path, "pendulum")
+    payload = load_checkpoint(path)
+    policy = export.load_policy(path, payload, config_from_dict(payload["config"]), np.full(1, -2.0), np.full(1, 2.0))
+    real = export._write_torchscript
+
+    def off_by_a_little(actor, meta, out):   # a writer whose file acts slightly differently
+        run = real(actor, meta, out)
+        return lambda obs: run(obs) + 1e-3
+
+    monkeypatch.setattr(export, "_write_torchscript", off_by_a_little)
+    out = tmp_path / "actor.pt"
+    with pytest.raises(RuntimeError, match="does not reproduce the actor"):
+        export.export(policy, "torchscript", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]      # neither OUT nor its temp file

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 
+from fastsac.envs.base import VecEnv
 from fastsac.envs.registry import make_env
 
 SLOWDOWN = 3.0
 
 
-class SlowHumanoid:
+class SlowHumanoid(VecEnv):
     def __init__(self, num_envs, seed, first_env_id=0, max_episode_steps=0, num_threads=1):
         self._env = make_env("humanoid", num_envs, seed, first_env_id, max_episode_steps, num_threads)
         self._slow = first_env_id == 0
@@ -33,3 +34,6 @@ class SlowHumanoid:
 
     def close(self):
         self._env.close()
+
+    def describe_stepping(self) -> str:
+        return f"{self._env.describe_stepping()}{', slowed' if self._slow else ''}"

@@ -349,7 +349,8 @@ class Learner:
                         log(ROLE, f"error: {exc}; training goes on, next try at iteration {next_ckpt_it:,}")
         reason = reason or "finished"
         # every run logs its final metrics, however short it was
-        self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
+        if self.telemetry.has_news(self.env_steps, self.agent.num_updates_done):
+            self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
         self.telemetry.refresh_status()
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
         try:

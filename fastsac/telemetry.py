@@ -84,6 +84,11 @@ class Telemetry:
         return (env_steps // self.cfg.env.num_envs >= self.next_log_it
                 or time.perf_counter() - self.window_start >= self.cfg.logging.interval_s)
 
+    def has_news(self, env_steps: int, num_updates: int) -> bool:
+        """Anything happened since the last log? (the final log of a run that just logged is skipped:
+        a second point at the same step would read all rates as 0)"""
+        return env_steps != self._env_steps or num_updates != self._updates
+
     def log(self, env_steps: int, num_updates: int, episode_totals: tuple[int, float, int],
             scalars: dict | None = None, line_extra: str = "", rows: list[str] = ()) -> dict:
         """Close the window: write the scalars (the trainer's own plus the common ones) and the

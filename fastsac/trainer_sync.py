@@ -91,7 +91,8 @@ def train_sync(cfg: Config) -> int:
                 print(f"fastsac sync: error: {exc}; training goes on, next try at iteration "
                       f"{it + 1 + cfg.checkpoint.interval:,}", file=sys.stderr, flush=True)
     # every run logs its final metrics, however short it was or however it stopped
-    telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
+    if telemetry.has_news(env_steps, agent.num_updates_done):
+        telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
     exit_code = 0
     try:
         path = run_state.save(cfg, spec, agent, env_steps)

@@ -60,3 +60,15 @@ def test_a_resumed_run_resets_its_envs_with_a_new_reproducible_seed():
     assert not np.allclose(resumed, fresh), "a resumed run replays the original run's first episodes"
     np.testing.assert_array_equal(resumed, again)              # the same resume: the same observations
     assert not np.allclose(other, resumed) and not np.allclose(restarted, resumed)
+
+
+def test_a_run_that_ends_right_after_a_log_writes_no_second_point_at_that_step(tmp_path, job_name):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 20}, logging={"interval": 5, "interval_s": 3600.0})
+    result = launch(cfg)
+    assert result.returncode == 0, result.stdout + result.stderr
+    acc = EventAccumulator(str(tmp_path / "run" / "tb"))
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("perf/env_steps_per_s")]
+    assert len(steps) == len(set(steps)), steps
+    assert all(e.value > 0 for e in acc.Scalars("perf/env_steps_per_s")), acc.Scalars("perf/env_steps_per_s")

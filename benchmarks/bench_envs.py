@@ -109,6 +109,16 @@ class _Cell:
         self.env.close()
 
 
+def measure_rounds(cells, args) -> None:
+    """args.rounds paired rounds over the cells, then close them (also on an error)."""
+    try:
+        for _ in range(args.rounds):
+            measure_round(cells, args.warmup, args.seconds)
+    finally:
+        for cell in cells:
+            cell.close()
+
+
 def measure_round(cells, warmup, seconds):
     """One round: every cell steps in turn until each has run `seconds` (the slowest sets the pace)."""
     for cell in cells:
@@ -245,12 +255,7 @@ def _envpool_table(args):
         for n in args.num_envs:
             for t in args.threads:
                 cells = envpool_cells(task, n, t, args.envpool_affinity)
-                try:
-                    for _ in range(args.rounds):
-                        measure_round(cells, args.warmup, args.seconds)
-                finally:
-                    for cell in cells:
-                        cell.close()
+                measure_rounds(cells, args)
                 _print_rows(task, n, cells, cells[0], width)
 
 
@@ -319,12 +324,7 @@ def main(argv=None) -> int:
                     cells += [batched_cell(task, n, t) for t in args.threads]
                     if args.with_loop and uses_mujoco_batch(task):
                         cells += [batched_cell(task, n, t, physics="loop") for t in args.threads]
-                    try:
-                        for _ in range(args.rounds):
-                            measure_round(cells, args.warmup, args.seconds)
-                    finally:
-                        for cell in cells:
-                            cell.close()
+                    measure_rounds(cells, args)
                     _print_rows(task, n, cells, None if args.no_gymnasium else cells[0], 12)
             if args.envpool_tasks:
                 _envpool_table(args)

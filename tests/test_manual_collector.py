@@ -15,19 +15,25 @@ from fastsac import shm_layout as shm
 HAND_PREFIX = "collector 1 is left for you to start, by hand: "
 
 
-def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, job_name):
+
+def launch_with_collector_1_by_hand(tmp_path, job_name: str, iterations: int):
+    """Start a 2-collector job whose collector 1 is manual; (launcher, the command it prints for it)."""
     cfg = tiny_config(tmp_path, job_name, env={"num_envs": 8},
-                      trainer={"num_iterations": 400,
+                      trainer={"num_iterations": iterations,
                                "async_options": {"num_collectors": 2, "manual_collectors": [1]}})
     launcher = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    for line in launcher.stdout:  # the launcher prints the command before it supervises
+        if HAND_PREFIX in line:
+            return launcher, line.split(HAND_PREFIX, 1)[1].strip()
+    kill_all(launcher)
+    raise AssertionError("the launcher never printed the command for collector 1")
+
+
+def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, job_name):
+    launcher, command = launch_with_collector_1_by_hand(tmp_path, job_name, 400)
     started = []
     try:
-        command = None
-        for line in launcher.stdout:  # the launcher prints the command before it supervises
-            if HAND_PREFIX in line:
-                command = line.split(HAND_PREFIX, 1)[1].strip()
-                break
         assert command and "--collector-id 1" in command and "numactl" not in command, command
         first = subprocess.Popen(shlex.split(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         started.append(first)
@@ -60,19 +66,10 @@ def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, jo
 def test_the_job_waits_for_a_manual_collector_and_refuses_one_with_another_config(tmp_path, job_name):
     """The learner holds the job (no env step counts) until the manual collector attached; one
     started with different settings is refused before it touches anything, and the job goes on."""
-    cfg = tiny_config(tmp_path, job_name, env={"num_envs": 8},
-                      trainer={"num_iterations": 60,
-                               "async_options": {"num_collectors": 2, "manual_collectors": [1]}})
-    launcher = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    launcher, command = launch_with_collector_1_by_hand(tmp_path, job_name, 60)
     started = []
     log = tmp_path / "run" / "logs" / "learner.log"
     try:
-        command = None
-        for line in launcher.stdout:
-            if HAND_PREFIX in line:
-                command = line.split(HAND_PREFIX, 1)[1].strip()
-                break
         wait_for(lambda: log.exists() and "waiting for collector 1 (start it by hand:" in log.read_text(), 120,
                   "the learner to say it waits for collector 1")
         ctl = wait_for(lambda: observe(job_name), 30, "the control block")

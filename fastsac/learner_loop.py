@@ -303,58 +303,69 @@ class Learner:
         return None
 
     def run(self, stop: dict) -> int:
-        cfg, num_envs = self.cfg, self.cfg.env.num_envs
-        self.exit_code = 0
+        """Hold until every collector attached, then iterate until the budget or a stop; finish."""
+        self.exit_code, self.idle_sleep = 0, 0.0
         reason = self.wait_for_collectors(stop)
         self.telemetry.start(self.env_steps)
-        next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
-        idle_sleep = 0.0
+        self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
         while reason is None and self.env_steps < self.total_env_steps:
             reason = self.stop_reason(stop)
-            if reason:
-                break
-            self.beat()
-            now = time.perf_counter()
-            if now - self.last_attach >= ATTACH_RETRY_S:
-                self.last_attach = now
-                self.attach_collectors()
-            slots, transitions = self.ingest()
-            self.env_steps += transitions
-            self.telemetry.add_batches(transitions / num_envs)
-            k = self.updates_to_run(transitions)
-            if cfg.algo.num_updates == 0 and slots:
-                # Collect-only runs still exercise the broadcast: one "update" per ingested slot.
-                self.updates_since_publish += slots
-                if self.updates_since_publish >= self.ao.weight_publish_interval:
-                    self.publish()
-            self.update(k)
-            if not slots and not k:
-                idle_sleep = min(max(idle_sleep * 2, IDLE_SLEEP_MIN_S), IDLE_SLEEP_MAX_S)
-                time.sleep(idle_sleep)
-            else:
-                idle_sleep = 0.0
-            self.ctl.learner.update(env_steps=self.env_steps, num_updates=self.agent.num_updates_done)
-            if time.perf_counter() - self.last_status >= STATUS_INTERVAL_S:
-                self.last_status = time.perf_counter()
-                self.telemetry.refresh_status()
-            if self.telemetry.due(self.env_steps):
-                self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
-            it = self.env_steps // num_envs
-            if cfg.checkpoint.interval and it >= next_ckpt_it and self.env_steps < self.total_env_steps:
-                next_ckpt_it = self._next_multiple(cfg.checkpoint.interval)
-                with heartbeat_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
-                    try:
-                        run_state.save(cfg, self.spec, self.agent, self.env_steps)
-                    except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
-                        log(ROLE, f"error: {exc}; training goes on, next try at iteration {next_ckpt_it:,}")
-        reason = reason or "finished"
-        # every run logs its final metrics, however short it was
+            if reason is None:
+                self.iteration()
+        return self.finish(reason or "finished")
+
+    def iteration(self) -> None:
+        """One pass of named steps: attach, ingest, update (+ publish), status, log, checkpoint."""
+        self.beat()
+        now = time.perf_counter()
+        if now - self.last_attach >= ATTACH_RETRY_S:
+            self.last_attach = now
+            self.attach_collectors()
+        slots, transitions = self.ingest()
+        self.env_steps += transitions
+        self.telemetry.add_batches(transitions / self.cfg.env.num_envs)
+        k = self.updates_to_run(transitions)
+        if self.cfg.algo.num_updates == 0 and slots:
+            # Collect-only runs still exercise the broadcast: one "update" per ingested slot.
+            self.updates_since_publish += slots
+            if self.updates_since_publish >= self.ao.weight_publish_interval:
+                self.publish()
+        self.update(k)
+        self.idle(busy=bool(slots or k))
+        self.ctl.learner.update(env_steps=self.env_steps, num_updates=self.agent.num_updates_done)
+        if time.perf_counter() - self.last_status >= STATUS_INTERVAL_S:
+            self.last_status = time.perf_counter()
+            self.telemetry.refresh_status()
+        if self.telemetry.due(self.env_steps):
+            self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
+        self.checkpoint_if_due()
+
+    def idle(self, busy: bool) -> None:
+        if busy:
+            self.idle_sleep = 0.0
+            return
+        self.idle_sleep = min(max(self.idle_sleep * 2, IDLE_SLEEP_MIN_S), IDLE_SLEEP_MAX_S)
+        time.sleep(self.idle_sleep)
+
+    def checkpoint_if_due(self) -> None:
+        it = self.env_steps // self.cfg.env.num_envs
+        if not self.cfg.checkpoint.interval or it < self.next_ckpt_it or self.env_steps >= self.total_env_steps:
+            return
+        self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
+        with heartbeat_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
+            try:
+                run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
+            except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
+                log(ROLE, f"error: {exc}; training goes on, next try at iteration {self.next_ckpt_it:,}")
+
+    def finish(self, reason: str) -> int:
+        """Final metrics (however short the run), final checkpoint, final state; the exit code."""
         if self.telemetry.has_news(self.env_steps, self.agent.num_updates_done):
             self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
         self.telemetry.refresh_status()
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
         try:
-            path = run_state.save(cfg, self.spec, self.agent, self.env_steps)
+            path = run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
             log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")
         except run_state.CheckpointSaveError as exc:  # the job did not end whole: exit 1 with the reason
             log(ROLE, f"error: {reason}, but the final checkpoint failed: {exc}")

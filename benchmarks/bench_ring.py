@@ -145,7 +145,7 @@ def bench_ring(spec: L.RingSpec, final_frac: float, seconds: float, zero_copy: b
                 time.sleep(0)
                 continue
             t = time.perf_counter()
-            n, _ = cons.copy_out(dense, finals, k)
+            n, _, _ = cons.copy_out(dense, finals, k)
             copy_s += time.perf_counter() - t
             cons.release(n)
             slots += n

@@ -210,8 +210,6 @@ class Learner:
             share = max(1, budget // (len(ready) - i))
             share = min(share, max(1, math.ceil((remaining - transitions) / feed.spec.num_envs)))
             run = self.staging.take(feed, share)
-            if run.k == 0:   # no room left this round (cannot happen within the budget; cheap to guard)
-                break
             try:
                 bad = feed.validate(self.staging.dense_rows(run), run.k, self.staging.final_rows(run), run.offsets,
                                     self.ctl.collector(feed.cid)["incarnation"])

@@ -69,12 +69,9 @@ class IngestStaging:
         k = min(feed.available(), max_slots, room)   # only the learner releases: k slots stay ready
         dense = self.host_np[at:at + k * spec.dense_nbytes].reshape(k, spec.dense_nbytes)
         finals_at = _align(at + k * spec.dense_nbytes)
-        k, offsets = feed.ring.copy_out(dense, self.host_np[finals_at:], k)
-        headers = shm.staged_headers(dense, k).copy()
-        end = max((o + spec.final_rows_nbytes(int(headers[j, shm.HDR["num_final"]]))
-                   for j, o in enumerate(offsets) if o >= 0), default=0)
-        self.used = _align(finals_at + end)
-        return StagedRun(feed, k, at, finals_at, offsets, headers)
+        k, offsets, finals_nbytes = feed.ring.copy_out(dense, self.host_np[finals_at:], k)
+        self.used = _align(finals_at + finals_nbytes)
+        return StagedRun(feed, k, at, finals_at, offsets, shm.staged_headers(dense, k).copy())
 
     def dense_rows(self, run: StagedRun) -> np.ndarray:
         return self.host_np[run.dense_at:run.dense_at + run.k * run.feed.spec.dense_nbytes].reshape(

@@ -101,7 +101,7 @@ def copy_out_as_slots(cons: L.TransitionRing, max_slots: int) -> np.ndarray:
     spec = cons.spec
     dense = np.zeros((max_slots, spec.dense_nbytes), np.uint8)
     finals = np.zeros(max_slots * spec.slot_nbytes, np.uint8)
-    k, offsets = cons.copy_out(dense, finals, max_slots)
+    k, offsets, _ = cons.copy_out(dense, finals, max_slots)
     out = np.zeros((k, spec.slot_nbytes), np.uint8)
     out[:, :spec.dense_nbytes] = dense[:k]
     for j, pos in enumerate(offsets):

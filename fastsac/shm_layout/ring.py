@@ -386,14 +386,15 @@ class TransitionRing(_SegmentHandle):
             runs.append(self._slots_u8[:n - first])
         return runs
 
-    def copy_out(self, dense: np.ndarray, finals: np.ndarray, max_slots: int) -> tuple[int, list[int]]:
+    def copy_out(self, dense: np.ndarray, finals: np.ndarray, max_slots: int) -> tuple[int, list[int], int]:
         """Copy the oldest unread slots out of shared memory, without their reserved space.
 
         dense: uint8 [>= k, dense_nbytes] receives the always-valid part of each slot (header ..
         truncated) in <= 2 strided copies (two when the slots wrap around the ring's end).
         finals: flat uint8 receives, for each slot whose num_final > 0, only those rows of each
         sparse field, packed as final_rows_layout(num_final) says (usually nothing: episodes end
-        rarely). Returns k and, per slot, the offset of its packed rows in finals (-1: none).
+        rarely). Returns k, per slot the offset of its packed rows in finals (-1: none), and the
+        bytes of finals used.
         The caller validates what it copied; nothing is released here.
         """
         self._need("consumer")
@@ -414,7 +415,7 @@ class TransitionRing(_SegmentHandle):
             for f, off, nbytes in sp.final_rows_layout(nf):
                 finals[pos + off:pos + off + nbytes] = slot.raw[f.offset:f.offset + nbytes]
             pos += sp.final_rows_nbytes(nf)
-        return k, offsets
+        return k, offsets, pos
 
     def release(self, n: int) -> None:
         """Hand n slots back to the producer; only after their data was copied out."""

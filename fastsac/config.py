@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from fastsac.errors import ConfigError  # its own module: fastsac.envs.registry raises it too
+from fastsac.strict_yaml import YamlInputError, strict_yaml_load
 
 
 # Every integer ends up in an int64 somewhere (numpy/torch shapes, shared-memory counters): a
@@ -150,6 +152,36 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Deterministic evaluation during training (fastsac.evaluation): off unless interval > 0."""
+    interval: int = _f(0, min=0, help="evaluate every N iterations (env-step batches); 0 = off")
+    episodes: int = _f(16, min=1, help="episodes per evaluation (the mean/min/max are over these)")
+    num_envs: int = _f(16, min=1, help="eval envs stepped together; the episodes are split over them")
+    seed: int = _f(-1, min=-1, max=SEED_MAX,
+                   help="eval env seed; -1 = derived from seed, never one a training env uses")
+    cpus: int = _f(1, min=1, help="async trainer: CPUs of the evaluator process, taken from the learner's node")
+
+
+@dataclass
+class DistributedConfig:
+    """Data-parallel learners on torch.distributed (fastsac.distributed). The defaults are one
+    learner on one machine: no process group at all."""
+    num_learners: int = _f(1, min=1, max=64, help="learner processes on this machine (one per GPU)")
+    learner_devices: list[str] = _f(default_factory=list,
+                                    help="device per learner; [] = the first num_learners GPUs, or cpu without GPUs")
+    collector_learners: list[int] = _f(default_factory=list,
+                                       help="learner (local index) per collector; [] = the learner on the "
+                                            "collector's NUMA node, else round-robin")
+    nnodes: int = _f(0, min=0, max=4096, help="machines in the job; 0 = $NNODES, else 1")
+    node_rank: int = _f(-1, min=-1, max=4095, help="this machine's index; -1 = $NODE_RANK, else 0")
+    master_addr: str = _f("", help="address of node_rank 0's rendezvous; '' = $MASTER_ADDR, else 127.0.0.1")
+    master_port: int = _f(0, min=0, max=65535, help="its TCP port; 0 = $MASTER_PORT, else 29500")
+    backend: Literal["auto", "nccl", "gloo"] = _f("auto", help="auto = nccl on CUDA learners, gloo on CPU")
+    timeout_s: float = _f(120.0, min=MIN_HEARTBEAT_TIMEOUT_S,
+                          help="a collective that waits longer than this fails the job (no hang)")
+
+
+@dataclass
 class Config:
     job_name: str = _f("fastsac", help="names the shared-memory segments: [A-Za-z0-9_-], at most 32 characters")
     run_dir: str = _f("", help="TensorBoard logs, checkpoints and process logs; '' = runs/<job_name>")
@@ -161,6 +193,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     @property
     def run_path(self) -> Path:
@@ -317,8 +351,82 @@ def _check_cross_fields(cfg: Config) -> None:
         if not 0 <= cid < ao.num_collectors:
             raise ConfigError(f"trainer.async_options.manual_collectors[{i}]: {cid} is not a collector id; "
                               f"valid ids are 0..{ao.num_collectors - 1}")
+    _check_eval(cfg)
+    _check_distributed(cfg)
     from fastsac.envs.registry import check_env_name  # torch-free
     check_env_name(cfg.env.name)
+
+
+def _check_eval(cfg: Config) -> None:
+    ev, n = cfg.eval, cfg.trainer.async_options.num_collectors
+    if ev.seed >= 0 and cfg.seed <= ev.seed < cfg.seed + n:
+        raise ConfigError(f"eval.seed: {ev.seed} is the seed of training collector {ev.seed - cfg.seed}; evaluation "
+                          f"must not replay training episodes: use -1 (derived) or a seed outside "
+                          f"{cfg.seed}..{cfg.seed + n - 1}")
+
+
+# torchrun's variables, read where the distributed key is left at its "absent" value
+_DIST_ENV = {"nnodes": ("NNODES", 0, 1), "node_rank": ("NODE_RANK", -1, 0),
+             "master_addr": ("MASTER_ADDR", "", "127.0.0.1"), "master_port": ("MASTER_PORT", 0, 29500)}
+
+
+def resolve_distributed_env(dist: DistributedConfig, environ: typing.Mapping[str, str]) -> None:
+    """Fill the multi-machine keys left absent from torchrun-style environment variables, then
+    from the single-machine defaults. Explicit keys (file or command line) always win."""
+    for key, (var, absent, default) in _DIST_ENV.items():
+        if getattr(dist, key) != absent:
+            continue
+        raw = environ.get(var, "").strip()
+        if not raw:
+            setattr(dist, key, default)
+            continue
+        if isinstance(default, int):
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(f"distributed.{key}: ${var}={raw!r} is not an integer; set the variable to "
+                                  f"an integer or give distributed.{key} explicitly") from None
+            lo = {"nnodes": 1, "node_rank": 0, "master_port": 1}[key]
+            hi = {"nnodes": 4096, "node_rank": 4095, "master_port": 65535}[key]
+            if not lo <= value <= hi:
+                raise ConfigError(f"distributed.{key}: ${var}={value} is out of range; expected {lo}..{hi}")
+            setattr(dist, key, value)
+        else:
+            setattr(dist, key, raw)
+
+
+def _check_distributed(cfg: Config) -> None:
+    d, ao = cfg.distributed, cfg.trainer.async_options
+    resolve_distributed_env(d, os.environ)
+    if d.node_rank >= d.nnodes:
+        raise ConfigError(f"distributed.node_rank: {d.node_rank} is not a machine of distributed.nnodes={d.nnodes}; "
+                          f"expected 0..{d.nnodes - 1}")
+    if (d.num_learners > 1 or d.nnodes > 1) and not cfg.trainer.asynchronous:
+        raise ConfigError("distributed.num_learners/nnodes: several learners need trainer.asynchronous: true "
+                          "(the synchronous trainer is one process)")
+    if d.learner_devices and len(d.learner_devices) != d.num_learners:
+        raise ConfigError(f"distributed.learner_devices: {d.learner_devices} has {len(d.learner_devices)} entries "
+                          f"but num_learners is {d.num_learners}; give one device per learner or leave it empty")
+    for i, dev in enumerate(d.learner_devices):
+        if not _DEVICE_RE.match(dev) or dev == "auto":
+            raise ConfigError(f"distributed.learner_devices[{i}]: {dev!r} is not valid; expected cpu, cuda or cuda:N")
+    if d.num_learners > ao.num_collectors:
+        raise ConfigError(f"distributed.num_learners: {d.num_learners} learners but only "
+                          f"{ao.num_collectors} collector(s) (trainer.async_options.num_collectors); "
+                          "every learner needs at least one collector of its own")
+    if d.collector_learners:
+        if len(d.collector_learners) != ao.num_collectors:
+            raise ConfigError(f"distributed.collector_learners: {d.collector_learners} has "
+                              f"{len(d.collector_learners)} entries but num_collectors is {ao.num_collectors}; "
+                              "give one learner index per collector or leave it empty")
+        for i, r in enumerate(d.collector_learners):
+            if not 0 <= r < d.num_learners:
+                raise ConfigError(f"distributed.collector_learners[{i}]: {r} is not a learner; valid learner "
+                                  f"indices are 0..{d.num_learners - 1}")
+        idle = sorted(set(range(d.num_learners)) - set(d.collector_learners))
+        if idle:
+            raise ConfigError(f"distributed.collector_learners: learner {idle[0]} has no collector; every learner "
+                              "needs at least one collector of its own")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -357,68 +465,6 @@ def config_from_dict(data: dict | None, overrides: list[str] = ()) -> Config:
     cfg = _build(Config, data, "")
     _check_cross_fields(cfg)
     return cfg
-
-
-class YamlInputError(yaml.YAMLError):
-    """YAML that parses but a job config refuses (empty, duplicate key, alias), with its line."""
-
-    def __init__(self, message: str, line: int):
-        super().__init__(f"line {line}: {message}")
-        self.message, self.line = message, line
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases while composing, before anything can be expanded."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise YamlInputError(f"alias *{event.anchor}: YAML aliases are not allowed in a job config; write the "
-                                 "value out", event.start_mark.line + 1)
-        return super().compose_node(parent, index)
-
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _check_keys(loader: _StrictLoader, node: yaml.Node, path: str) -> None:
-    """Refuse duplicate keys (PyYAML keeps the last one silently) and merge keys."""
-    if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _check_keys(loader, item, f"{path}[{i}]")
-        return
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: dict = {}
-    for key_node, value_node in node.value:
-        line = key_node.start_mark.line + 1
-        if key_node.tag == _MERGE_TAG:
-            raise YamlInputError("merge key '<<' is not allowed in a job config; write the keys out", line)
-        key = loader.construct_object(key_node, deep=True)
-        name = f"{path}.{key}" if path else str(key)
-        try:
-            first = seen.get(key)
-        except TypeError:  # an unhashable key: construct_document reports it
-            continue
-        if first is not None:
-            raise YamlInputError(f"duplicate key {name!r} (first at line {first}); every key may appear once", line)
-        seen[key] = line
-        _check_keys(loader, value_node, name)
-
-
-def strict_yaml_load(text: str) -> Any:
-    """yaml.safe_load without aliases, merge keys or duplicate keys (YamlInputError names the line)."""
-    loader = _StrictLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_keys(loader, node, "")
-        return loader.construct_document(node)
-    except RecursionError:
-        raise YamlInputError("nested too deeply", 1) from None
-    finally:
-        loader.dispose()
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:

@@ -106,6 +106,10 @@ class FastSAC:
             else self._actor_loss_eager
 
         self._num_updates = 0
+        # Data-parallel learners (fastsac.distributed.LearnerGroup.install): called with the
+        # parameter list right after each backward (critic, actor, log_alpha), before clipping and
+        # the optimizer step, to average the gradients over the learner ranks. None: one learner.
+        self.grad_sync: Callable[[list[Tensor]], None] | None = None
         zero = torch.zeros((), device=dev)
         # actor-side metrics of the latest actor step, reported by every update
         self._actor_metrics: dict[str, Tensor] = {"actor_loss": zero, "policy_entropy": zero.clone()}
@@ -181,6 +185,8 @@ class FastSAC:
                                              batch["bootstrap"], batch["discount"], alpha)
         self.critic_optimizer.zero_grad(set_to_none=True)
         qf_loss.backward()
+        if self.grad_sync is not None:
+            self.grad_sync(self._critic_params)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self._critic_params, cfg.max_grad_norm)
         self.critic_optimizer.step()
@@ -194,6 +200,8 @@ class FastSAC:
             self.actor_optimizer.zero_grad(set_to_none=True)
             # inputs=actor params: the critic's weight gradients are neither needed nor computed
             actor_loss.backward(inputs=self._actor_params)
+            if self.grad_sync is not None:
+                self.grad_sync(self._actor_params)
             if cfg.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self._actor_params, cfg.max_grad_norm)
             self.actor_optimizer.step()
@@ -202,6 +210,8 @@ class FastSAC:
                 alpha_loss = -(self.log_alpha.exp() * (log_prob + self.target_entropy)).mean()
                 self.alpha_optimizer.zero_grad(set_to_none=True)
                 alpha_loss.backward()
+                if self.grad_sync is not None:
+                    self.grad_sync([self.log_alpha])
                 self.alpha_optimizer.step()
             self._actor_metrics = {"actor_loss": actor_loss.detach(), "policy_entropy": -log_prob.mean()}
 

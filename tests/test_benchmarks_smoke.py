@@ -109,3 +109,12 @@ def test_bench_envs_measures_envpool_rows():
                          ("fastsac envpool", "2")], out
     assert cells[4:] in ([], [("envpool raw pin", "2")]), out
     assert rows[0][3] == rows[0][4] == "1.00x", out   # raw EnvPool against itself
+
+
+def test_bench_learners_measures_1_and_2_learners():
+    out = run_benchmark("bench_learners.py", "--rounds", "1", "--updates", "3", "--warmup", "1", "--batch", "16",
+                        "--critic-hidden", "16", "--actor-hidden", "16", "--atoms", "5")
+    lines = out.splitlines()
+    assert any(line.startswith("round 1  1 learner ") and "samples/s ratio" in line for line in lines), out
+    assert any(line.startswith("samples/s ratio 2 vs 1 learner(s): ") and "(bound 2.00x)" in line
+               for line in lines), out

@@ -1,0 +1,203 @@
+"""Data-parallel learners: FastSAC updates/s of 1 learner vs 2 (torch.distributed), same per-learner batch.
+
+    python benchmarks/bench_learners.py                       # gloo on this machine's CPUs
+    python benchmarks/bench_learners.py --device cuda --backend nccl   # 2+ GPUs: one learner per GPU
+
+Every measurement starts fresh learner processes (this script with --worker): 1 learner with no
+process group (today's code path, grad_sync None), or 2 learners joined in a LearnerGroup with
+gradient averaging installed, each on its own batch of --batch transitions. After --warmup
+updates each times --updates updates (the 2-learner time is rank 0's, after a final collective,
+so it covers the slower rank). Rounds are paired and interleaved (1 then 2, then 2 then 1, ...)
+so machine noise hits both alike; per round:
+
+  updates/s        gradient steps per second of the job (2 learners: lockstep, one step = both)
+  samples/s ratio  2 learners train on 2 x batch per step: (2 x updates/s of 2) / (updates/s of 1);
+                   the physical bound is 2.0x (two learners can at most double the samples/s,
+                   and only with a device each: on a 2-core box they share the cores with each
+                   other and everything else)
+  all-reduce %     share of the 2 learners' update time spent in the gradient all-reduce (rank 0)
+
+Networks and batch: synthetic batches (random observations/actions of --obs-dim/--act-dim),
+algo sizes from the flags; no envs, no replay buffer: only the update and its all-reduces.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------- worker
+def worker(args) -> int:
+    import numpy as np
+    import torch
+
+    from fastsac.algo.fastsac import FastSAC
+    from fastsac.config import AlgoConfig, Config
+    from fastsac.torch_runtime import configure_torch
+
+    configure_torch()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device if args.device != "cuda" else f"cuda:{args.rank}")
+    algo = AlgoConfig(actor_hidden_dim=args.actor_hidden, critic_hidden_dim=args.critic_hidden,
+                      actor_num_layers=args.layers, critic_num_layers=args.layers, num_atoms=args.atoms,
+                      batch_size=args.batch, policy_frequency=2)
+    low, high = -np.ones(args.act_dim, np.float32), np.ones(args.act_dim, np.float32)
+    torch.manual_seed(args.rank)
+    agent = FastSAC(args.obs_dim, 0, args.act_dim, low, high, algo, device)
+    group = None
+    if args.world > 1:
+        from fastsac.distributed import LearnerGroup
+        cfg = Config()
+        d = cfg.distributed
+        d.num_learners, d.nnodes, d.node_rank = args.world, 1, 0
+        d.master_addr, d.master_port, d.backend, d.timeout_s = "127.0.0.1", args.port, args.backend, 120.0
+        group = LearnerGroup.join(cfg, args.rank, device, log=lambda m: None)
+        group.broadcast_agent(agent)
+        group.install(agent)
+        reduce = agent.grad_sync
+        spent = [0.0]
+
+        def timed_reduce(params):
+            t0 = time.perf_counter()
+            reduce(params)
+            spent[0] += time.perf_counter() - t0
+
+        agent.grad_sync = timed_reduce
+    g = torch.Generator().manual_seed(100 + args.rank)
+    n = args.batch
+    batches = [{"obs": torch.randn(n, args.obs_dim, generator=g).to(device),
+                "actions": (torch.rand(n, args.act_dim, generator=g) * 2 - 1).to(device),
+                "rewards": torch.randn(n, generator=g).to(device),
+                "next_obs": torch.randn(n, args.obs_dim, generator=g).to(device),
+                "bootstrap": torch.ones(n, device=device), "discount": torch.full((n,), 0.97, device=device),
+                "critic_obs": None, "next_critic_obs": None} for _ in range(4)]
+
+    def run(k: int) -> None:
+        for i in range(k):
+            agent.update(batches[i % len(batches)])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    run(args.warmup)
+    if group is not None:
+        group.gather(0.0)              # start together
+        spent[0] = 0.0
+    t0 = time.perf_counter()
+    run(args.updates)
+    if group is not None:
+        group.gather(0.0)              # rank 0's time then covers the slower rank
+    seconds = time.perf_counter() - t0
+    result = {"rank": args.rank, "updates_per_s": args.updates / seconds,
+              "reduce_share": (spent[0] / seconds) if group is not None else 0.0}
+    if group is not None:
+        group.close()
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------- driver
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(args, world: int) -> dict:
+    """One measurement: `world` fresh learner processes; rank 0's result."""
+    port = free_port()
+    common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
+              ("batch", "critic_hidden", "actor_hidden", "layers", "atoms", "obs_dim", "act_dim", "threads",
+               "warmup", "updates", "device", "backend")]
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", f"--rank={r}", f"--world={world}",
+                               f"--port={port}", *common], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=args.timeout)
+            outs.append(out)
+            if p.returncode != 0:
+                raise RuntimeError(f"learner worker exit {p.returncode}:\n{out[-3000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    line = next(x for x in outs[0].splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--updates", type=int, default=200, help="timed updates per measurement")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batch", type=int, default=256, help="per learner")
+    p.add_argument("--critic-hidden", type=int, default=128)
+    p.add_argument("--actor-hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--atoms", type=int, default=51)
+    p.add_argument("--obs-dim", type=int, default=17)
+    p.add_argument("--act-dim", type=int, default=6)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per learner")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (learner r on cuda:r)")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--timeout", type=float, default=600.0, help="per measurement, seconds")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    for name in ("rounds", "updates", "batch", "critic_hidden", "actor_hidden", "layers", "obs_dim", "act_dim",
+                 "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: {getattr(args, name)} (must be >= 1)")
+    if args.atoms < 2 or args.warmup < 0:
+        p.error(f"--atoms: {args.atoms} (must be >= 2) / --warmup: {args.warmup} (must be >= 0)")
+    if args.worker:
+        return worker(args)
+
+    load = os.getloadavg()[0]
+    print(f"# bench_learners: device {args.device}, backend {args.backend}, nproc {os.cpu_count()} "
+          f"(affinity {len(os.sched_getaffinity(0))}), load average {load:.2f} at start")
+    print(f"# per learner: batch {args.batch}, critic {args.layers}x{args.critic_hidden}, actor "
+          f"{args.layers}x{args.actor_hidden}, {args.atoms} atoms, obs {args.obs_dim}, act {args.act_dim}, "
+          f"{args.threads} torch thread(s); {args.warmup} warm-up + {args.updates} timed updates per measurement")
+    print("# samples/s ratio = 2 x updates/s(2 learners) / updates/s(1); physical bound 2.00x")
+    ratios, ups = [], {1: [], 2: []}
+    shares = []
+    for r in range(args.rounds):
+        order = (1, 2) if r % 2 == 0 else (2, 1)
+        got = {w: measure(args, w) for w in order}
+        for w in (1, 2):
+            ups[w].append(got[w]["updates_per_s"])
+        ratio = 2 * got[2]["updates_per_s"] / got[1]["updates_per_s"]
+        ratios.append(ratio)
+        shares.append(100 * got[2]["reduce_share"])
+        print(f"round {r + 1}  1 learner {got[1]['updates_per_s']:8.1f} updates/s   2 learners "
+              f"{got[2]['updates_per_s']:8.1f} updates/s   samples/s ratio {ratio:5.2f}x   all-reduce "
+              f"{shares[-1]:4.1f}% of update time", flush=True)
+    print(f"1 learner:  {spread(ups[1], '{:.1f}')} updates/s")
+    print(f"2 learners: {spread(ups[2], '{:.1f}')} updates/s (each on its own batch of {args.batch})")
+    print(f"samples/s ratio 2 vs 1 learner(s): {spread(ratios)}x (bound 2.00x); all-reduce "
+          f"{spread(shares, '{:.1f}')}% of the 2 learners' update time")
+    print(f"# load average {os.getloadavg()[0]:.2f} at end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

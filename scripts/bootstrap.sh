@@ -7,6 +7,9 @@
 #   Machine with an NVIDIA driver: torch==2.13.0 from PyPI (the CUDA build).
 #   FASTSAC_TORCH_SPEC / FASTSAC_TORCH_INDEX override the spec and the index (see README).
 #
+# Then the Debian packages the extras need (scripts/setup_system.sh: with "video", EGL and OSMesa
+# for MuJoCo's offscreen renderer), installed when run as root, else named with their apt command.
+#
 # Usage: scripts/bootstrap.sh [extra,extra]   (e.g. "test,mujoco"); idempotent and quick
 # when nothing changed.
 set -euo pipefail
@@ -24,7 +27,8 @@ pip=("$venv/bin/python" -m pip --quiet)
 stamp="$venv/.fastsac-installed"
 want="$(cat pyproject.toml; echo "$extras $torch_spec ${FASTSAC_TORCH_INDEX:-}")"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+  # the venv is current; system packages are checked every time (they are not in the venv)
+  exec scripts/setup_system.sh "$venv/bin/python" "$extras"
 fi
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
@@ -46,3 +50,4 @@ fi
 # torch is already satisfied, so this step installs no other torch build.
 "${pip[@]}" install -e ".${extras:+[$extras]}"
 printf '%s' "$want" > "$stamp"
+exec scripts/setup_system.sh "$venv/bin/python" "$extras"

@@ -1,13 +1,16 @@
 """fastsac-eval through its CLI on checkpoints of tiny real pendulum runs (sync and async: the same
 format): deterministic episodes on fresh envs, reproducible per seed, and exit 2 with a clear
-message for a missing or corrupt checkpoint, an env of other dimensions and the not-yet-available
---video.
+message for a missing or corrupt checkpoint, an env of other dimensions and --video without its
+file (the videos themselves: tests/test_video.py); run_episodes' before_step hook sees every step
+of every counted episode and changes nothing.
 """
 from __future__ import annotations
 
 import re
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,21 @@ def evaluate(*args: str) -> subprocess.CompletedProcess:
 
 def stats(out: str) -> dict[str, tuple[float, float, float]]:
     return {m[1]: (float(m[2]), float(m[3]), float(m[4])) for m in _LINE.finditer(out)}
+
+
+def flip_a_tensor_byte(path: Path) -> None:
+    """Corrupt the middle byte of the largest tensor storage of a torch zip checkpoint (a byte at a
+    fixed file offset may land in the zip's alignment padding, which no checksum covers)."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset)
+        name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
+        offset = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0xFF]))
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +116,13 @@ def test_eval_matches_the_trainers_deterministic_actions(sync_checkpoint):
 def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
     proc = evaluate(str(tmp_path / "nope.pt"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
-    data = bytearray(sync_checkpoint.read_bytes())
-    data[len(data) // 2] ^= 0xFF
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(bytes(data))
+    bad.write_bytes(sync_checkpoint.read_bytes())
+    flip_a_tensor_byte(bad)
     proc = evaluate(str(bad))
     assert proc.returncode == 2 and "corrupt" in proc.stderr and "bad.pt" in proc.stderr, proc.stderr
     proc = evaluate(str(sync_checkpoint), "--video")
-    assert proc.returncode == 2 and "--video is not available yet" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "argument --video: expected one argument" in proc.stderr, proc.stderr
     proc = evaluate(str(sync_checkpoint), "--episodes", "0")
     assert proc.returncode == 2 and "--episodes" in proc.stderr, proc.stderr
     proc = evaluate(str(sync_checkpoint), "--env-name", "pendulm")
@@ -115,3 +132,27 @@ def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         for needed in ("halfcheetah", "obs_dim=17", "act_dim=6", "pendulum", "obs_dim=3", "act_dim=1"):
             assert needed in proc.stderr, (needed, proc.stderr)
+
+
+def test_before_step_sees_each_counted_step_and_changes_nothing():
+    """run_episodes' hook (fastsac-eval --video films with it) is called before every step with the
+    mask of the episodes still counted: env i is marked running exactly lengths[i] times."""
+    import torch
+    from fastsac.envs.registry import make_env
+    from fastsac.evaluate import run_episodes
+
+    class Actor(torch.nn.Module):          # a fixed policy that depends on the observation
+        def forward(self, obs):
+            return 2.0 * torch.tanh(obs[:, 2:3] - obs[:, 1:2])
+
+    env = make_env("pendulum", 3, seed=0, max_episode_steps=30)
+    try:
+        plain = run_episodes(Actor(), env, 4)
+        seen = []
+        hooked = run_episodes(Actor(), env, 4, before_step=lambda running: seen.append(running.copy()))
+    finally:
+        env.close()
+    np.testing.assert_array_equal(plain[0], hooked[0])
+    np.testing.assert_array_equal(plain[1], hooked[1])
+    np.testing.assert_array_equal(np.sum(seen, axis=0), hooked[1])
+    assert seen[0].all() and len(seen) == 30

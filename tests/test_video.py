@@ -1,0 +1,222 @@
+"""fastsac-eval --video through its CLI on checkpoints of tiny real synchronous runs: the mp4 of a
+HalfCheetah episode rendered by MuJoCo's offscreen renderer (EGL, and OSMesa as the fallback) and
+of a pendulum episode drawn in numpy reads back with one frame per episode step, the right size and
+frame rate, and frames that show something that moves; bad output paths, tasks that cannot be
+rendered, a missing encoder or OpenGL are exit 2 with nothing created; a failure while recording
+is exit 1 and leaves no file.
+
+The MuJoCo tests need a working headless OpenGL (scripts/bootstrap.sh installs it as root with
+the video extra); where there is none they skip saying why, except under CI, where they fail.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import new_job_name
+from e2e_helpers import launch, newest_checkpoint, tiny_config
+
+pytest.importorskip("imageio_ffmpeg", reason="--video needs the video extra (pip install 'fastsac[video]')")
+import imageio.v3 as iio  # noqa: E402  (after the skip: part of the same extra)
+import imageio_ffmpeg  # noqa: E402
+
+from fastsac import video  # noqa: E402
+
+HALFCHEETAH_STEPS = 40        # the trained env.max_episode_steps: the filmed episode's length
+PENDULUM_STEPS = 50
+NO_EGL = {"__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent/egl_vendor.json"}   # glvnd then finds no EGL driver
+
+
+def evaluate(*args: str, env: dict | None = None, pre: str = "") -> subprocess.CompletedProcess:
+    """fastsac-eval ARGS in a fresh process (pre: Python run first in it, e.g. to break something)."""
+    code = f"{pre}\nimport sys\nfrom fastsac.evaluate import main\nsys.exit(main({list(args)!r}))"
+    full_env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          env={**full_env, **(env or {})})
+
+
+def read_video(path: Path) -> tuple[np.ndarray, dict]:
+    """(all frames [n, h, w, 3] uint8, metadata) through imageio's ffmpeg plugin."""
+    return iio.imread(path), iio.immeta(path)
+
+
+def train(tmp: Path, **env) -> Path:
+    """The newest checkpoint of a 12-iteration synchronous run (no shared memory involved)."""
+    proc = launch(tiny_config(tmp, new_job_name(), env=env, trainer={"asynchronous": False},
+                              algo={"v_min": -50.0, "v_max": 50.0}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return newest_checkpoint(tmp / "run")
+
+
+@pytest.fixture(scope="module")
+def gl() -> video.GLChoice:
+    """The headless OpenGL backend a fresh process would render with."""
+    pytest.importorskip("mujoco", reason="halfcheetah needs the mujoco extra (pip install 'fastsac[mujoco]')")
+    choice = video.choose_gl()
+    if choice.backend is None:
+        reason = f"no headless OpenGL: {choice.failures}; install: {video.apt_command()}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must render: {reason}")
+        pytest.skip(reason)
+    return choice
+
+
+@pytest.fixture(scope="module")
+def cheetah(tmp_path_factory, gl) -> Path:
+    return train(tmp_path_factory.mktemp("video_cheetah"), name="halfcheetah", num_envs=4,
+                 max_episode_steps=HALFCHEETAH_STEPS)
+
+
+@pytest.fixture(scope="module")
+def pendulum(tmp_path_factory) -> Path:
+    return train(tmp_path_factory.mktemp("video_pendulum"), max_episode_steps=PENDULUM_STEPS)
+
+
+def assert_moving_picture(frames: np.ndarray, n: int) -> None:
+    """n frames of 640x480 RGB, none blank (a black or one-colour video fails), the picture changing."""
+    assert frames.shape == (n, video.VIDEO_HEIGHT, video.VIDEO_WIDTH, 3), frames.shape
+    per_frame_std = frames.reshape(n, -1, 3).std(axis=1).max(axis=1)
+    assert per_frame_std.min() > 10, per_frame_std.min()        # every frame has content, not one colour
+    change = np.abs(np.diff(frames.astype(np.int16), axis=0)).mean(axis=(1, 2, 3))
+    assert (change > 0.05).mean() > 0.8, change                 # it moves from frame to frame
+
+
+def only(directory: Path, *names: str) -> None:
+    """directory holds exactly these entries (no temp file left)."""
+    assert sorted(p.name for p in directory.iterdir()) == sorted(names), list(directory.iterdir())
+
+
+def test_halfcheetah_video_reads_back_one_frame_per_step(cheetah, gl, tmp_path):
+    out = tmp_path / "cheetah.mp4"
+    out.write_bytes(b"an older file, replaced")
+    proc = evaluate(str(cheetah), "--episodes", "2", "--video", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"length: mean {HALFCHEETAH_STEPS}.0" in proc.stdout, proc.stdout
+    assert re.search(rf"video: .*cheetah\.mp4 \({HALFCHEETAH_STEPS} frames of episode 1 at 20 fps, 640x480, "
+                     rf"mujoco\.Renderer with MUJOCO_GL={gl.backend} .*camera 'track'", proc.stdout), proc.stdout
+    only(tmp_path, "cheetah.mp4")
+    assert imageio_ffmpeg.count_frames_and_secs(str(out)) == (HALFCHEETAH_STEPS, HALFCHEETAH_STEPS / 20)
+    frames, meta = read_video(out)
+    assert meta["fps"] == 20 and meta["codec"] == "h264", meta       # HalfCheetah: dt = 0.01 s * 5 frames
+    assert_moving_picture(frames, HALFCHEETAH_STEPS)
+    # the tracking camera keeps the cheetah in view: the middle of every frame is not just floor and sky
+    middle = frames[:, 160:400, 160:480].reshape(HALFCHEETAH_STEPS, -1, 3).astype(int)
+    warm = (middle[..., 0] > middle[..., 2] + 30).mean(axis=1)          # the cheetah's orange/brown capsules
+    assert warm.min() > 0.01, warm
+
+
+def test_osmesa_is_the_fallback_when_egl_does_not_work(cheetah, tmp_path):
+    if ctypes.util.find_library("OSMesa") is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI installs OSMesa: {video.apt_command()}")
+        pytest.skip("OSMesa is not installed (Debian: libosmesa6)")
+    out = tmp_path / "cheetah.mp4"
+    proc = evaluate(str(cheetah), "--episodes", "1", "--video", str(out), env=NO_EGL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MUJOCO_GL=osmesa (OSMesa; egl failed: " in proc.stdout, proc.stdout
+    assert_moving_picture(read_video(out)[0], HALFCHEETAH_STEPS)
+
+
+def test_no_working_opengl_is_exit_2_naming_the_packages(cheetah, tmp_path):
+    # an explicit MUJOCO_GL is the only backend tried; with no EGL driver it cannot work
+    out = tmp_path / "cheetah.mp4"
+    proc = evaluate(str(cheetah), "--video", str(out), env={"MUJOCO_GL": "egl", **NO_EGL})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    for needed in ("no headless backend works", "EGL (MUJOCO_GL=egl)", video.apt_command(), "'halfcheetah'"):
+        assert needed in proc.stderr, (needed, proc.stderr)
+    only(tmp_path)
+
+
+def test_pendulum_video_is_drawn_without_opengl(pendulum, tmp_path):
+    out = tmp_path / "pendulum.MP4"
+    # no OpenGL at all: the pendulum does not need it
+    proc = evaluate(str(pendulum), "--episodes", "1", "--video", str(out), env={"MUJOCO_GL": "egl", **NO_EGL})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"({PENDULUM_STEPS} frames of episode 1 at 20 fps, 640x480, drawn in numpy)" in proc.stdout, proc.stdout
+    only(tmp_path, "pendulum.MP4")
+    frames, meta = read_video(out)
+    assert meta["fps"] == 20, meta
+    assert_moving_picture(frames, PENDULUM_STEPS)
+
+
+def test_pendulum_frame_points_the_pole_along_theta():
+    """theta = 0 is upright: the pole's pixels are above the axle; theta = pi/2 points it right
+    (Gymnasium's angle grows that way: sin(theta) is the x of the tip)."""
+    class Env:
+        theta = np.array([0.0, np.pi / 2])
+    frames = video.PendulumFrames(Env())
+    cx, cy = video.VIDEO_WIDTH / 2, video.VIDEO_HEIGHT / 2
+    for i, (dx, dy) in enumerate([(0, -1), (1, 0)]):     # image y points down
+        img = frames.frame(i)
+        ys, xs = np.nonzero((img[..., 0] > 150) & (img[..., 1] < 120))   # the red pole
+        assert len(xs) > 2000, i
+        centre = np.array([xs.mean() + 0.5 - cx, ys.mean() + 0.5 - cy])
+        # the pole's middle is ~0.2 * 480 px from the axle along (dx, dy), on that line
+        np.testing.assert_allclose(centre, 0.2 * 480 * np.array([dx, dy]), atol=10)
+
+
+def test_camera_is_the_models_tracking_camera_else_a_free_one_following_the_torso():
+    mujoco = pytest.importorskip("mujoco")
+    from fastsac.envs.mujoco_base import load_gymnasium_model
+    for xml in ("half_cheetah.xml", "ant.xml", "humanoid.xml"):
+        _, model = load_gymnasium_model(xml, xml)
+        cam = video.MujocoFrames._camera(mujoco, model)
+        assert model.camera(cam).name == "track", xml
+    model = mujoco.MjModel.from_xml_string('<mujoco><worldbody><body name="torso"><freejoint/>'
+                                           '<geom type="sphere" size="0.1"/></body></worldbody></mujoco>')
+    cam = video.MujocoFrames._camera(mujoco, model)
+    assert cam.type == mujoco.mjtCamera.mjCAMERA_TRACKING and cam.trackbodyid == 1
+
+
+@pytest.mark.parametrize("name, why", [
+    ("out.avi", "does not end in .mp4"),
+    ("out", "does not end in .mp4"),
+    ("missing/out.mp4", "does not exist"),
+    ("a_dir.mp4", "is a directory"),
+])
+def test_bad_output_path_is_exit_2_with_nothing_created(pendulum, tmp_path, name, why):
+    (tmp_path / "a_dir.mp4").mkdir()
+    proc = evaluate(str(pendulum), "--video", str(tmp_path / name))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert why in proc.stderr and "--video" in proc.stderr and name in proc.stderr, proc.stderr
+    only(tmp_path, "a_dir.mp4")
+    assert not any((tmp_path / "a_dir.mp4").iterdir())
+
+
+def test_a_task_that_cannot_be_rendered_is_exit_2(pendulum, tmp_path):
+    pytest.importorskip("gymnasium")
+    proc = evaluate(str(pendulum), "--env-name", "gymnasium:Pendulum-v1", "--video", str(tmp_path / "v.mp4"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "'gymnasium:Pendulum-v1' cannot be rendered" in proc.stderr, proc.stderr
+    only(tmp_path)
+
+
+def test_missing_encoder_is_exit_2_naming_the_extra(pendulum, tmp_path):
+    proc = evaluate(str(pendulum), "--video", str(tmp_path / "v.mp4"), pre="import sys; sys.modules['imageio_ffmpeg'] = None")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "imageio-ffmpeg" in proc.stderr and "pip install 'fastsac[video]'" in proc.stderr, proc.stderr
+    only(tmp_path)
+
+
+def test_a_failure_while_recording_is_exit_1_and_leaves_no_file(pendulum, tmp_path):
+    pre = """
+import fastsac.video as v
+frame = v.PendulumFrames.frame
+def failing(self, i, calls=[]):
+    calls.append(i)
+    if len(calls) == 10:
+        raise OSError(28, "No space left on device")
+    return frame(self, i)
+v.PendulumFrames.frame = failing
+"""
+    proc = evaluate(str(pendulum), "--video", str(tmp_path / "v.mp4"), pre=pre)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "No space left on device" in proc.stderr, proc.stderr
+    only(tmp_path)

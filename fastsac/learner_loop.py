@@ -19,6 +19,7 @@ from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.job_settings import check_against_job
+from fastsac.learner_eval import LearnerEval
 from fastsac.learner_feed import CollectorFeed, FeedFault
 from fastsac.learner_staging import IngestStaging
 from fastsac.learner_telemetry import LearnerTelemetry
@@ -89,6 +90,8 @@ class Learner:
         cfg.run_path.mkdir(parents=True, exist_ok=True)
         self.telemetry = LearnerTelemetry(cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
                                           self.total_env_steps)
+        self.evaluation = LearnerEval(cfg, self.ctl.incarnation, numel, self.env_steps, self.telemetry,
+                                      lambda m: log(ROLE, m))   # eval.*: the evaluator process's weights and results
         # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
         # start_env_steps first: collectors derive their envs' reset seed from it (a resumed run).
         self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, start_env_steps=self.start_env_steps,
@@ -189,6 +192,7 @@ class Learner:
                     self.ctl.ingest(feed.cid)["snapshot_repairs"] = feed.snapshot.repairs
         self.weight_version += 1
         self.updates_since_publish = 0
+        self.evaluation.on_publish(flat, self.env_steps, self.weight_version)
         self.ctl.learner["weight_version"] = self.weight_version
 
     # ------------------------------------------------------------------ ingestion
@@ -336,6 +340,7 @@ class Learner:
         if time.perf_counter() - self.last_status >= STATUS_INTERVAL_S:
             self.last_status = time.perf_counter()
             self.telemetry.refresh_status()
+        self.evaluation.poll()
         if self.telemetry.due(self.env_steps):
             self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
         self.checkpoint_if_due()
@@ -360,6 +365,7 @@ class Learner:
 
     def finish(self, reason: str) -> int:
         """Final metrics (however short the run), final checkpoint, final state; the exit code."""
+        self.evaluation.finish(self, reason == "finished")
         if self.telemetry.has_news(self.env_steps, self.agent.num_updates_done):
             self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
         self.telemetry.refresh_status()
@@ -378,6 +384,7 @@ class Learner:
         return (it // interval + 1) * interval if interval else math.inf
 
     def close(self) -> None:
+        self.evaluation.close()
         self.telemetry.close()
         for feed in self.feeds:
             feed.close()

@@ -47,12 +47,13 @@ from fastsac.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
     "ProcessPlan", "CollectorPlan", "JobPlan", "plan_job", "split_envs", "format_plan", "plan_to_json",
-    "LEARNER_MODULE", "COLLECTOR_MODULE",
+    "LEARNER_MODULE", "COLLECTOR_MODULE", "EVALUATOR_MODULE",
 ]
 
 BindingMethod = Literal["numactl", "inprocess", "off"]
 LEARNER_MODULE = "fastsac.learner_main"
 COLLECTOR_MODULE = "fastsac.collector_main"
+EVALUATOR_MODULE = "fastsac.evaluator_main"
 _AO = "trainer.async_options"
 
 
@@ -76,7 +77,7 @@ class ProcessPlan:
     env:  extra environment for the child (thread-pool sizes = len(cpus)), as sorted pairs.
     argv: the exact command; argv[0] is numactl or the interpreter.
     """
-    role: Literal["learner", "collector"]
+    role: Literal["learner", "collector", "evaluator"]
     node: int | None
     cpus: tuple[int, ...]
     binding: BindingMethod
@@ -145,10 +146,11 @@ class JobPlan:
     config_path: str
     topology: Topology = field(compare=False)
     notes: tuple[str, ...] = ()
+    evaluator: ProcessPlan | None = None   # eval.interval > 0 (async): the evaluator process
 
     @property
     def processes(self) -> tuple[ProcessPlan, ...]:
-        return (self.learner, *self.collectors)
+        return (self.learner, *self.collectors, *((self.evaluator,) if self.evaluator else ()))
 
     @property
     def manual_collectors(self) -> tuple[CollectorPlan, ...]:
@@ -367,10 +369,14 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     def env_for(cpus: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
         return tuple(sorted(thread_env(max(1, len(cpus))).items()))
 
+    evaluator_cpus, learner_cpus = _evaluator_cpus(cfg, method, tuple(learner_cpus), notes)
     learner = ProcessPlan(role="learner", node=learner_node, cpus=tuple(learner_cpus), binding=method,
                           device=cfg.device, seed=cfg.seed,
                           argv=argv_for(LEARNER_MODULE, learner_node, tuple(learner_cpus), []),
                           env=env_for(tuple(learner_cpus)))
+    evaluator = None if evaluator_cpus is None else ProcessPlan(
+        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=cfg.eval.seed,
+        argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), env=env_for(evaluator_cpus))
     manual = set(ao.manual_collectors)
     collectors = tuple(
         CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=tuple(slices[i]), binding=method,
@@ -385,7 +391,7 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                      f"command shown; the launcher waits for {'them' if many else 'it'}")
     return JobPlan(learner=learner, collectors=collectors, binding=method, requested_binding=ao.numa_binding,
                    placement=placement, numactl=numactl if method == "numactl" else None,
-                   config_path=config_path, topology=topo, notes=tuple(notes))
+                   config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator)
 
 
 def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: list[str]) -> tuple[int, ...]:
@@ -399,6 +405,22 @@ def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: l
                  f"{'s' if len(sharers) > 1 else ''} {_ids(sharers)}: none are left over; set "
                  f"{_AO}.cpus_per_collector to leave some for the learner")
     return tuple(sorted(own))
+
+
+def _evaluator_cpus(cfg: Config, method: str, learner_cpus: tuple[int, ...], notes: list[str]):
+    """(the evaluator's CPUs or None without one, the learner's CPUs after that). Bound: the last
+    eval.cpus of the learner's CPUs, which the learner gives up while it keeps at least one;
+    otherwise it shares them (a note). Binding off: every allowed CPU, like every process."""
+    if cfg.eval.interval <= 0 or not cfg.trainer.asynchronous:
+        return None, learner_cpus
+    if method == "off":
+        return learner_cpus, learner_cpus
+    k = cfg.eval.cpus
+    if len(learner_cpus) > k:
+        return learner_cpus[-k:], learner_cpus[:-k]
+    notes.append(f"the evaluator shares the learner's CPUs ({format_cpulist(learner_cpus)}): eval.cpus={k} would "
+                 "leave the learner none")
+    return learner_cpus, learner_cpus
 
 
 def _note_idle_cpus(topo: Topology, nodes: list, slices: list, learner_node: int, learner_cpus, notes) -> None:
@@ -429,7 +451,8 @@ def format_plan(plan: JobPlan) -> str:
     rows = [("process", "node", "CPUs", "envs", "seed", "device", "threads", "binding")]
     for p in plan.processes:
         rows.append((p.name + (" (manual)" if isinstance(p, CollectorPlan) and p.manual else ""),
-                     "-" if p.node is None else str(p.node), p.cpulist or "-", _env_range(p), str(p.seed),
+                     "-" if p.node is None else str(p.node), p.cpulist or "-", _env_range(p),
+                     "derived" if p.seed < 0 else str(p.seed),
                      p.device, p.env_dict.get("OMP_NUM_THREADS", "-"), p.binding))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [head, plan.topology.describe(), ""]
@@ -481,4 +504,5 @@ def plan_to_json(plan: JobPlan) -> dict:
         "learner": _process_json(plan.learner),
         "collectors": [_process_json(c) for c in plan.collectors],
         "notes": list(plan.notes),
+        **({"evaluator": _process_json(plan.evaluator)} if plan.evaluator else {}),
     }

@@ -77,6 +77,10 @@ def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) ->
         fail(role, f"config error: {exc}", EXIT_USAGE)
     if role == "learner":
         me = plan.learner
+    elif role == "evaluator":
+        if plan.evaluator is None:
+            fail(role, "this job has no evaluator: eval.interval is 0 (or the trainer is synchronous)", EXIT_USAGE)
+        me = plan.evaluator
     else:
         if not 0 <= args.collector_id < len(plan.collectors):
             fail(role, f"--collector-id {args.collector_id} is not a collector of this job; valid ids are "

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from fastsac import shm_layout as shm
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fastsac.evaluator_supervision import status_line as evaluator_status_line
 
 EXIT_NOT_RUNNING = EXIT_FAILURE   # the job named is not running
 SAMPLE_S = 0.5          # seconds between the two counter reads of a one-shot status
@@ -83,6 +84,7 @@ class Snapshot:
     learner_alive: bool
     learner_heartbeat_age_s: float | None
     collectors: tuple[CollectorSnap, ...]
+    evaluator: str | None = None         # the EVALUATOR line (eval.interval > 0), from its own channel
 
 
 def _enum_name(enum_cls, value: int) -> str:
@@ -155,7 +157,8 @@ def take_snapshot(ctl: "shm.ControlBlock") -> Snapshot:
         launcher_pid=launcher["launcher_pid"], uptime_s=_age(now, launcher["started_ns"]),
         stop=bool(launcher["stop"]), stop_reason=_enum_name(shm.StopReason, launcher["stop_reason"]),
         learner=learner, learner_state=lstate, learner_alive=_live_state(lstate, learner["pid"]),
-        learner_heartbeat_age_s=_age(now, learner["heartbeat_ns"]), collectors=tuple(cols))
+        learner_heartbeat_age_s=_age(now, learner["heartbeat_ns"]), collectors=tuple(cols),
+        evaluator=evaluator_status_line(ctl.job, ctl.incarnation, now))
 
 
 # --------------------------------------------------------------------------- formatting
@@ -228,6 +231,8 @@ def format_status(cur: Snapshot, prev: Snapshot | None = None) -> str:
     if waiting:
         lines.append(f"learner  WAITING for collector(s) {', '.join(map(str, waiting))} to attach: no env step "
                      "counts until every planned collector has (fastsac-launch CONFIG --plan prints the commands)")
+    if cur.evaluator:
+        lines.append(cur.evaluator)
     rows = [("ID", "PID", "STATE", "NODE", "CPUS", "HEARTBEAT", "RESTARTS", "SUPERVISOR", "LEARNER", "ENV-STEPS/S",
              "LAG", "RING", "WEIGHTS")]
     for c, r in zip(cur.collectors, rates):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fastsac import shm_layout as shm
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fastsac.evaluator_supervision import EvaluatorWatch
 from fastsac.process_setup import ALLOWED_CPUS_ENV
 from fastsac.topology import format_cpulist
 
@@ -55,6 +56,10 @@ class Supervisor:
         self.learner = Child("learner", plan.learner, self.log_dir / "learner.log")
         self.collectors = [Child(f"collector {c.collector_id}", c, self.log_dir / f"collector{c.collector_id}.log",
                                  manual=c.manual) for c in plan.collectors]
+        # eval.interval > 0: the evaluator, watched by fastsac.evaluator_supervision (never stops the job)
+        self.eval_children = [Child("evaluator", plan.evaluator, self.log_dir / "evaluator.log")] \
+            if plan.evaluator else []
+        self.evaluator = EvaluatorWatch(self, self.eval_children[0], say) if self.eval_children else None
         self.signals: list[int] = []
         self.stop_deadline: float | None = None
         self.escalated_at: float | None = None
@@ -80,7 +85,8 @@ class Supervisor:
                 state=int(shm.SupervisorState.LAUNCHED if child.restarts == 0 else shm.SupervisorState.RESTARTING))
 
     def running(self) -> list[Child]:
-        return [c for c in [self.learner, *self.collectors] if c.proc is not None and c.proc.poll() is None]
+        return [c for c in [self.learner, *self.collectors, *self.eval_children]
+                if c.proc is not None and c.proc.poll() is None]
 
     def signal_all(self, sig: int) -> None:
         for c in self.running():
@@ -135,6 +141,8 @@ class Supervisor:
                 say(f"{c.name} is left for you to start, by hand: {c.plan.command}")
             else:
                 self.spawn(c)
+        if self.evaluator:
+            self.evaluator.start()
         try:
             return self._supervise()
         finally:
@@ -143,9 +151,11 @@ class Supervisor:
             while self.running() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
             self.signal_all(signal.SIGKILL)
-            for c in [self.learner, *self.collectors]:
+            for c in [self.learner, *self.collectors, *self.eval_children]:
                 if c.proc is not None:
                     c.proc.wait()
+            if self.evaluator:
+                self.evaluator.close()
             self.tail_learner_log()
 
     def _supervise(self) -> int:
@@ -187,6 +197,8 @@ class Supervisor:
                                             f"{self.ao.max_restarts}); see {c.log_path}")
                     self.ctl.supervisor(c.plan.collector_id)["state"] = int(shm.SupervisorState.GAVE_UP)
                     self.request_stop(result[1], shm.StopReason.COLLECTOR_FAILED)
+            if self.evaluator:
+                self.evaluator.watch(now, stopping=self.stop_deadline is not None)
             if self.stop_deadline is not None:
                 if not self.running():
                     code, message = result or (EXIT_OK, "stopped")

@@ -117,5 +117,12 @@ class Telemetry:
         self.next_log_it = (it // cfg.logging.interval + 1) * cfg.logging.interval
         return out
 
+    def log_eval(self, result: dict) -> None:
+        """An evaluation's eval/* scalars at the env step of the weights it evaluated, and its line
+        (fastsac.evaluation); the env step may lie behind the progress line's."""
+        from fastsac.evaluation import line, scalars
+        self.metrics.scalars(result["env_steps"], scalars(result))
+        self.metrics.line(line(result))
+
     def close(self) -> None:
         self.metrics.close()

@@ -20,6 +20,7 @@ from fastsac.config import Config
 from fastsac.envs.base import reset_seed
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.episodes import EpisodeTracker
+from fastsac.evaluation import InlineEvaluator
 from fastsac.torch_runtime import configure_torch, resolve_device
 from fastsac.telemetry import Telemetry
 from fastsac.transition import TransitionBatch
@@ -58,6 +59,9 @@ def train_sync(cfg: Config) -> int:
     log = telemetry.metrics
     stop = StopRequest()
     episodes = EpisodeTracker(n)
+    # eval.*: deterministic episodes on separate envs, inline (the sync trainer has no other process)
+    evaluator = InlineEvaluator(cfg, lambda o: agent.act(torch.as_tensor(o).to(device), deterministic=True).cpu()
+                                .numpy(), env_steps)
     rows = slice(0, n)
     stepping = env.describe_stepping()
     log.line(f"fastsac sync: {cfg.env.name} x{n} envs{f' ({stepping})' if stepping else ''} on {device}, "
@@ -82,6 +86,10 @@ def train_sync(cfg: Config) -> int:
             telemetry.last_train = agent.train(buffer, cfg.algo.num_updates)
             telemetry.learn_time += time.perf_counter() - t0
         last_iteration = it + 1 == cfg.trainer.num_iterations
+        with torch.no_grad():
+            result = evaluator.maybe_run(env_steps, agent.num_updates_done)
+        if result is not None:
+            telemetry.log_eval(result)
         if telemetry.due(env_steps) and not last_iteration:
             telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
         if cfg.checkpoint.interval and (it + 1) % cfg.checkpoint.interval == 0 and not last_iteration:
@@ -101,5 +109,6 @@ def train_sync(cfg: Config) -> int:
         print(f"fastsac sync: error: the final checkpoint failed: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
     telemetry.close()
+    evaluator.close()
     env.close()
     return exit_code

@@ -11,6 +11,9 @@ Segments of job J (POSIX shared memory, /dev/shm/<name without the slash>):
   /fastsac.J.c<i>.ring SPSC transition ring of collector i: created by collector i
   /fastsac.J.c<i>.wts  seqlock double-buffered actor snapshot of collector i: created by
                        collector i (first touch under its NUMA binding), written by the learner
+  /fastsac.J.eval      the evaluator's channel (liveness, newest result): created and written by
+                       the evaluator (only with eval.interval > 0)
+  /fastsac.J.eval.wts  the evaluator's weight snapshot: like a collector's (EVALUATOR_ID)
 
 Rules that make the whole thing lock-free (argued in docs/design.md, "Shared memory"):
   * every shared field has exactly one writer process (stated next to each field);
@@ -27,6 +30,7 @@ Modules, each importing only those above it:
   launch_guard  the user-private flock that keeps a second launcher of a job out
   ring          transition ring: slot layout (RingSpec, SlotView) and TransitionRing
   snapshot      weight snapshot (seqlock double buffer)
+  eval_channel  the evaluator's channel: its liveness and its newest result (seqlock)
   control       control block: records, roles, stop flag, collector stats
   cli           `python -m fastsac.shm_layout list|clean` (low-level; see __main__)
 Import the public names from the package (`from fastsac import shm_layout as shm`).
@@ -38,6 +42,7 @@ from fastsac.shm_layout.common import (
     cleanup_command, ctl_name, parse_segment_name, ring_name, segment_exists, segment_name, shm_free_bytes,
     validate_job_name, wts_name,
 )
+from fastsac.shm_layout.common import EVALUATOR_ID, eval_name
 from fastsac.shm_layout.locks import (
     CTL_LAUNCHER, CTL_LAUNCHER_LOCK, RING_CONSUMER_LOCK, RING_CONSUMER_PID, RING_PRODUCER_LOCK, RING_PRODUCER_PID,
     WTS_READER_LOCK, WTS_READER_PID, WTS_WRITER_LOCK, WTS_WRITER_PID, job_is_alive,
@@ -50,6 +55,7 @@ from fastsac.shm_layout.ring import (
     SlotView, TransitionRing, staged_headers,
 )
 from fastsac.shm_layout.snapshot import WTS_SEQ, WeightSnapshot, _wts_info  # noqa: F401 (preflight sizes snapshots)
+from fastsac.shm_layout.eval_channel import EvalChannel
 from fastsac.shm_layout.control import (
     COLLECTOR_DTYPE, CTL_COLLECTORS, CTL_INGEST, CTL_JOB, CTL_LEARNER, CTL_NBYTES, CTL_SUPERVISOR, INGEST_DTYPE,
     JOB_DTYPE, LAUNCHER_DTYPE, LEARNER_DTYPE, STAGES, STATS_DTYPE, STATS_FIELDS, SUPERVISOR_DTYPE, ControlBlock,
@@ -59,7 +65,7 @@ from fastsac.shm_layout.cli import main
 
 __all__ = [
     "CACHE_LINE", "COLLECTOR_DTYPE", "CTL_COLLECTORS", "CTL_INGEST", "CTL_JOB", "CTL_LAUNCHER",
-    "CTL_LAUNCHER_LOCK", "CTL_LEARNER", "CTL_NBYTES", "CTL_SUPERVISOR", "ControlBlock", "DATA_OFFSET", "HDR",
+    "CTL_LAUNCHER_LOCK", "CTL_LEARNER", "CTL_NBYTES", "CTL_SUPERVISOR", "ControlBlock", "DATA_OFFSET", "EVALUATOR_ID", "EvalChannel", "HDR",
     "HEADER_DTYPE", "HEADER_NBYTES", "INGEST_DTYPE", "JOB_DTYPE", "JOB_NAME_RE", "LAUNCHER_DTYPE",
     "LAYOUT_VERSION", "LEARNER_DTYPE", "LaunchLockError", "MADV_POPULATE_WRITE", "MAGIC", "MAX_COLLECTORS",
     "PAGE", "PARAM_NAMES", "PREFIX", "ProcState", "RING_CONSUMER_LOCK", "RING_CONSUMER_PID",
@@ -68,7 +74,7 @@ __all__ = [
     "SUPERVISOR_DTYPE", "SegmentInfo", "SegmentKind", "ShmLayoutError", "SlotField", "SlotView",
     "StaleSegment", "StopReason", "SupervisorState", "TransitionRing", "UNSAFE_ENV", "WTS_READER_LOCK",
     "WTS_READER_PID", "WTS_SEQ", "WTS_WRITER_LOCK", "WTS_WRITER_PID", "WeightSnapshot", "boot_id",
-    "check_memory_order", "cleanup_command", "ctl_name", "find_stale_segments", "format_stale_report",
+    "check_memory_order", "cleanup_command", "ctl_name", "eval_name", "find_stale_segments", "format_stale_report",
     "job_is_alive", "launch_lock_dir", "main", "parse_segment_name", "pid_alive", "ring_name",
     "segment_exists", "segment_name", "shm_free_bytes", "staged_headers", "unlink_job_segments",
     "validate_job_name", "wts_name",

@@ -20,6 +20,7 @@ PAGE = 4096
 HEADER_NBYTES = 512          # reserved for the common header; control lines start here
 DATA_OFFSET = PAGE           # bulk data (slots, weight buffers) starts page-aligned
 MAX_COLLECTORS = 64
+EVALUATOR_ID = -2            # the evaluator's weight snapshot: a WTS segment of no collector (/fastsac.J.eval.wts)
 UNSAFE_ENV = "FASTSAC_UNSAFE_MEMORY_ORDER"
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
@@ -34,6 +35,7 @@ class SegmentKind(enum.IntEnum):
     CTL = 1
     RING = 2
     WTS = 3
+    EVAL = 4     # the evaluator's channel: liveness and results (eval_channel.py)
 
 
 def cleanup_command(job: str) -> str:
@@ -67,6 +69,8 @@ def ring_name(job: str, collector_id: int) -> str:
 
 
 def wts_name(job: str, collector_id: int) -> str:
+    if collector_id == EVALUATOR_ID:
+        return f"/{PREFIX}.{validate_job_name(job)}.eval.wts"
     return f"/{PREFIX}.{validate_job_name(job)}.c{_check_collector_id(collector_id)}.wts"
 
 
@@ -75,9 +79,15 @@ def segment_exists(name: str) -> bool:
     return os.path.exists(_path(name))
 
 
+def eval_name(job: str) -> str:
+    return f"/{PREFIX}.{validate_job_name(job)}.eval"
+
+
 def segment_name(kind: SegmentKind, job: str, collector_id: int = -1) -> str:
     if kind == SegmentKind.CTL:
         return ctl_name(job)
+    if kind == SegmentKind.EVAL:
+        return eval_name(job)
     return ring_name(job, collector_id) if kind == SegmentKind.RING else wts_name(job, collector_id)
 
 
@@ -91,6 +101,10 @@ def parse_segment_name(name: str) -> tuple[str, SegmentKind, int] | None:
         return None
     if len(parts) == 3 and parts[2] == "ctl":
         return parts[1], SegmentKind.CTL, -1
+    if parts[2:] == ["eval"]:
+        return parts[1], SegmentKind.EVAL, -1
+    if parts[2:] == ["eval", "wts"]:
+        return parts[1], SegmentKind.WTS, EVALUATOR_ID
     if len(parts) == 4 and parts[2][:1] == "c" and parts[2][1:].isdigit() and parts[3] in ("ring", "wts"):
         cid = int(parts[2][1:])
         if cid < MAX_COLLECTORS and parts[2] == f"c{cid}":
@@ -106,6 +120,8 @@ def _describe(kind: SegmentKind, job: str, collector_id: int) -> str:
     """How error messages name a segment: 'ring of collector 1'."""
     if kind == SegmentKind.CTL:
         return f"control block of job {job!r}"
+    if kind == SegmentKind.EVAL or collector_id == EVALUATOR_ID:
+        return f"{'channel' if kind == SegmentKind.EVAL else 'weight snapshot'} of the evaluator"
     return f"{'ring' if kind == SegmentKind.RING else 'weight snapshot'} of collector {collector_id}"
 
 

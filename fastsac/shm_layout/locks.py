@@ -11,6 +11,7 @@ drops them when the holder dies, whatever the way it dies.
   ring byte 1: held by the attached consumer (learner)        -> one consumer per ring
   wts  byte 0: held by the attached writer (learner)          -> one writer per snapshot
   wts  byte 1: held by the attached reader (collector)        -> one reader per snapshot
+  eval byte 0: held by the evaluator                          -> one evaluator per job
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ WTS_WRITER_PID = HEADER_NBYTES + 1 * CACHE_LINE  # writer: learner ([pid, attach
 WTS_READER_PID = HEADER_NBYTES + 2 * CACHE_LINE  # writer: collector, the reader ([pid, attached_ns])
 WTS_WRITER_LOCK, WTS_READER_LOCK = 0, 1               # OFD lock bytes: one learner, one collector
 
+EVAL_EVALUATOR_PID = HEADER_NBYTES   # eval channel line 0, writer: the evaluator ([pid, attached_ns])
+EVAL_EVALUATOR_LOCK = 0              # OFD lock byte: one evaluator per job
+
 CTL_LAUNCHER = HEADER_NBYTES         # the control block's first record, ctl.launcher (control.py)
 CTL_LAUNCHER_PID = CTL_LAUNCHER + 16  # its launcher_pid field (control.py asserts the offset)
 CTL_LAUNCHER_LOCK = 0
@@ -54,6 +58,7 @@ ROLE_LOCKS: dict[SegmentKind, tuple[RoleLock, ...]] = {
                        RoleLock("consumer", RING_CONSUMER_LOCK, RING_CONSUMER_PID)),
     SegmentKind.WTS: (RoleLock("writer", WTS_WRITER_LOCK, WTS_WRITER_PID),
                       RoleLock("reader", WTS_READER_LOCK, WTS_READER_PID)),
+    SegmentKind.EVAL: (RoleLock("evaluator", EVAL_EVALUATOR_LOCK, EVAL_EVALUATOR_PID),),
 }
 
 

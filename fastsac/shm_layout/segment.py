@@ -45,6 +45,7 @@ PARAM_NAMES: dict[SegmentKind, tuple[str, ...]] = {
     SegmentKind.RING: ("num_envs", "obs_dim", "critic_obs_dim", "act_dim", "capacity",
                        "slot_nbytes", "dense_nbytes"),
     SegmentKind.WTS: ("numel", "buffer_stride"),
+    SegmentKind.EVAL: ("record_nbytes",),
 }
 
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from fastsac.shm_layout.cleanup import _replace_if_stale
 from fastsac.shm_layout.common import (
-    CACHE_LINE, DATA_OFFSET, HEADER_NBYTES, PAGE, SegmentKind, ShmLayoutError, _align, _check_collector_id,
-    _digest, check_memory_order, validate_job_name,
+    CACHE_LINE, DATA_OFFSET, EVALUATOR_ID, HEADER_NBYTES, PAGE, SegmentKind, ShmLayoutError, _align,
+    _check_collector_id, _digest, check_memory_order, validate_job_name,
 )
 from fastsac.shm_layout.locks import (
     WTS_READER_LOCK, WTS_READER_PID, WTS_WRITER_LOCK, WTS_WRITER_PID, read_pid,
@@ -27,7 +27,8 @@ def _wts_info(job: str, collector_id: int, numel: int) -> SegmentInfo:
         raise ShmLayoutError(f"weight snapshot numel {numel!r} is not valid; expected an integer >= 1")
     stride = _align(int(numel) * 4, PAGE)
     table = (WTS_SEQ, WTS_WRITER_PID, WTS_READER_PID, DATA_OFFSET, "buffers=2")
-    return SegmentInfo(SegmentKind.WTS, validate_job_name(job), _check_collector_id(collector_id),
+    owner = EVALUATOR_ID if collector_id == EVALUATOR_ID else _check_collector_id(collector_id)
+    return SegmentInfo(SegmentKind.WTS, validate_job_name(job), owner,
                        {"numel": int(numel), "buffer_stride": stride}, "float32", DATA_OFFSET + 2 * stride,
                        _digest(table))
 

@@ -206,8 +206,10 @@ class LearnerGroup:
             return (f"learner rank(s) {ranks} (node_rank {nodes}) stopped answering (last beat {ago} s ago): {cause}")
         if store:
             return f"learner rank 0 (this process): the rendezvous store failed ({store}): {cause}"
-        return (f"every learner rank still beats; the collective failed on learner rank {self.rank} "
-                f"(node_rank {node_of(self.cfg, self.rank)}) itself: {cause}")
+        # nobody died: a rank that is alive but does not join within timeout_s (hung, or stuck in
+        # other work) ends here with a timeout as the cause; so does a local error
+        return (f"every learner rank still beats (none died); failed on learner rank {self.rank} "
+                f"(node_rank {node_of(self.cfg, self.rank)}): {cause}")
 
     def _run(self, what: str, fn: Callable[[], object]):
         """One collective, turned into a DistributedError naming the failed rank if it fails.

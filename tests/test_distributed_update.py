@@ -231,17 +231,36 @@ def scenario_kill(group, out: Path) -> None:
     (out / f"result{group.rank}.json").write_text(json.dumps(result))
 
 
+def scenario_hang(group, out: Path) -> None:
+    group.gather(1.0)                                  # the group works
+    if group.rank == 1:                                # alive and beating, but never joins the next collective
+        deadline = time.monotonic() + WORKER_TIMEOUT_S
+        while not (out / "done").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
+    from fastsac.distributed import DistributedError
+    t0 = time.monotonic()
+    try:
+        group.gather(2.0)
+        result = {"raised": False}
+    except DistributedError as exc:
+        result = {"raised": True, "message": str(exc), "seconds": time.monotonic() - t0}
+    (out / "done").touch()
+    (out / f"result{group.rank}.json").write_text(json.dumps(result))
+
+
 SCENARIOS = {"update": scenario_update, "normalizers": scenario_normalizers, "broadcast": scenario_broadcast,
-             "kill": scenario_kill}
+             "kill": scenario_kill, "hang": scenario_hang}
 
 
 def worker_main(argv: list[str]) -> int:
     name, rank, world, port, out = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), Path(argv[4])
+    timeout_s = float(argv[5]) if len(argv) > 5 else GROUP_TIMEOUT_S
     torch.set_num_threads(1)
     from fastsac.distributed import LearnerGroup
     from fastsac.torch_runtime import configure_torch
     configure_torch()                                  # as every fastsac process (and the test session) does
-    group = LearnerGroup.join(group_config(port, world), rank, torch.device("cpu"), log=lambda m: None)
+    group = LearnerGroup.join(group_config(port, world, timeout_s), rank, torch.device("cpu"), log=lambda m: None)
     try:
         SCENARIOS[name](group, out)
     finally:
@@ -261,12 +280,12 @@ def ranks(tmp_path):
     """start(scenario, world) -> the rank processes; all are killed at teardown if still running."""
     started: list[subprocess.Popen] = []
 
-    def start(scenario: str, world: int = 2) -> list[subprocess.Popen]:
+    def start(scenario: str, world: int = 2, timeout_s: float = GROUP_TIMEOUT_S) -> list[subprocess.Popen]:
         port = free_port()
         for rank in range(world):
             log = open(tmp_path / f"{scenario}{rank}.log", "w")
             started.append(subprocess.Popen([sys.executable, __file__, scenario, str(rank), str(world), str(port),
-                                             str(tmp_path)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+                                             str(tmp_path), str(timeout_s)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
             log.close()
         return started[-world:]
 
@@ -365,6 +384,16 @@ def test_kill_9_of_one_rank_names_it_in_the_survivors_next_collective(ranks, tmp
         "learner rank 0 (node_rank 0) stopped answering"
     assert result["message"].startswith("exchange of progress counters: " + named), result
     assert result["again"] == result["message"] and result["again_seconds"] < 1.0, result
+
+
+def test_a_collective_a_live_rank_never_joins_fails_after_timeout_s(ranks, tmp_path):
+    timeout_s = 3.0
+    finish(ranks("hang", timeout_s=timeout_s), tmp_path, "hang")
+    result = json.loads((tmp_path / "result0.json").read_text())
+    assert result["raised"], result
+    # bounded by timeout_s (+ describe_failure's wait for a stale beat, which never comes here)
+    assert timeout_s * 0.9 < result["seconds"] < timeout_s + KILL_NOTICED_S, result
+    assert result["message"].startswith("gather: every learner rank still beats"), result
 
 
 def test_join_names_the_unreachable_rendezvous():

@@ -177,7 +177,12 @@ class LearnerGroup:
         except RuntimeError as exc:
             raise DistributedError(f"learner rank {rank}: init_process_group({backend}) over {where} failed: "
                                    f"{_first_line(exc)}") from None
-        beacon = _Beacon(d.master_addr, d.master_port, rank, world)
+        try:
+            beacon = _Beacon(d.master_addr, d.master_port, rank, world)
+        except RuntimeError as exc:
+            dist.destroy_process_group()
+            raise DistributedError(f"learner rank {rank}: the liveness beacon cannot reach the rendezvous at {where}: "
+                                   f"{_first_line(exc)}") from None
         log(f"learner group: rank {rank} of {world} (node_rank {node_of(cfg, rank)}), backend {backend}, "
             f"device {device}, rendezvous {where}")
         return cls(cfg, rank, world, backend, device, store, beacon)

@@ -12,6 +12,7 @@ from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.envs.base import reset_seed
 from fastsac.envs.registry import make_env
 from fastsac.job_settings import check_against_job
+from fastsac.learner_placement import machine_env_offset
 from fastsac.episodes import EpisodeTracker
 from fastsac.transition import TransitionBatch
 from fastsac.process_setup import fail, log
@@ -46,12 +47,18 @@ class Collector:
         self.role = role
         cfg, me = ctx.cfg, ctx.me
         self.cfg, self.cid, self.ao = cfg, me.collector_id, cfg.trainer.async_options
+        # ctl.learner is the record of the learner this collector belongs to (its weights, its state)
         self.ctl = shm.ControlBlock.attach(cfg.job_name, role="collector", collector_id=me.collector_id,
-                                           num_collectors=self.ao.num_collectors)
+                                           num_collectors=self.ao.num_collectors, learner_index=me.learner_index,
+                                           num_learners=cfg.distributed.num_learners)
         # Before touching anything shared: a collector started by hand with another config is refused.
         check_against_job(self.ctl, cfg, ctx.plan, f"collector {me.collector_id}")
         self.rec = self.ctl.collector(me.collector_id)
-        self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed, first_env_id=me.env_first,
+        # Another machine of the job (node_rank > 0) steps other global env ids and other action streams:
+        # the same collector id on two machines must not replay the same episodes.
+        self.node_rank = cfg.distributed.node_rank
+        self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed,
+                            first_env_id=me.env_first + machine_env_offset(cfg),
                             max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
         self.env_first, self.n = me.env_first, me.env_count
         env = self.env
@@ -147,8 +154,9 @@ class Collector:
             self.rec["state"] = int(shm.ProcState.EXITED)
             return 0
         import torch
-        torch.manual_seed(cfg.seed + self.cid)
-        self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation, start_env_steps])
+        torch.manual_seed(cfg.seed + self.cid + self.node_rank * shm.MAX_COLLECTORS)
+        self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation, start_env_steps]
+                                         + ([self.node_rank] if self.node_rank else []))
         # Distinct env streams per incarnation and per resume: neither replays the same episodes.
         obs, critic_obs = env.reset(reset_seed(cfg.seed, self.incarnation - 1, start_env_steps))
         # The policy acts once weights arrived and learning_starts batches were collected, by this

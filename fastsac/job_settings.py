@@ -17,6 +17,7 @@ CONFIG_KEYS = (
     "trainer.async_options.num_collectors", "trainer.async_options.ring_capacity",
     "algo.actor_hidden_dim", "algo.actor_num_layers", "algo.log_std_min", "algo.log_std_max",
     "algo.obs_normalization", "algo.learning_starts",
+    "distributed.num_learners", "distributed.nnodes", "distributed.node_rank",
 )
 
 
@@ -32,6 +33,8 @@ def job_settings(cfg: Config, plan) -> dict:
     from fastsac.shm_layout import LAYOUT_VERSION
     settings = {key: _get(cfg, key) for key in CONFIG_KEYS}
     settings["env rows per collector"] = [[c.env_first, c.env_count] for c in plan.collectors]
+    # a collector fed by another learner than the job planned would write ingest records it does not own
+    settings["learner per collector"] = [c.learner_index for c in plan.collectors]
     settings["shared-memory layout version"] = LAYOUT_VERSION
     return settings
 

@@ -65,7 +65,8 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool) -> None:
     from fastsac.shm_layout import job_is_alive
     if not job_is_alive(cfg.job_name):   # a second launch of a running job is told exactly that, later
         check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
-    preflight.check_devices(cfg)
+    preflight.check_devices(cfg, [p.device for p in plan.learners] if plan is not None else ())
+    preflight.check_master_port(cfg)
     preflight.check_memory(cfg, spec)
     if uses_segments:
         preflight.check_shared_memory(cfg, plan, spec)
@@ -145,7 +146,8 @@ def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
         if stale:  # their creator is provably dead (lock released / pid gone / other boot)
             print(f"fastsac-launch: removing stale segments of an earlier launch:\n{shm.format_stale_report(stale)}",
                   file=sys.stderr)
-        ctl = shm.ControlBlock.create(job, cfg.trainer.async_options.num_collectors, job_settings(cfg, plan))
+        ctl = shm.ControlBlock.create(job, cfg.trainer.async_options.num_collectors, job_settings(cfg, plan),
+                                      num_learners=len(plan.learners))
     except shm.LaunchLockError as exc:   # someone else's launch holds the job: not a failure to retry
         print(f"fastsac-launch: {exc}", file=sys.stderr)
         return EXIT_USAGE

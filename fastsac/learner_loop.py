@@ -66,34 +66,46 @@ class Learner:
     def __init__(self, ctx):
         cfg = self.cfg = ctx.cfg
         self.ao = cfg.trainer.async_options
-        self.plan = ctx.plan
-        self.ctl = shm.ControlBlock.attach(cfg.job_name, role="learner", num_collectors=self.ao.num_collectors)
+        self.plan, self.me = ctx.plan, ctx.me
+        # This learner's collectors: it drains their rings, writes their ingest records and holds
+        # only their env rows (all collectors with one learner).
+        mine = [c for c in ctx.plan.collectors if c.learner_index == ctx.me.learner_index]
+        self.ctl = shm.ControlBlock.attach(cfg.job_name, role="learner", num_collectors=self.ao.num_collectors,
+                                           learner_index=ctx.me.learner_index,
+                                           ingest_ids=[c.collector_id for c in mine],
+                                           num_learners=len(ctx.plan.learners))
         check_against_job(self.ctl, cfg, ctx.plan, "this learner")
         probe = make_env(cfg.env.name, 1, seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
         self.spec = EnvSpec(probe.obs_dim, probe.critic_obs_dim, probe.act_dim, probe.max_episode_steps)
         low, high = probe.action_low, probe.action_high
         probe.close()
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(ctx.me.device)
         torch.manual_seed(cfg.seed)
-        self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device)
-        self.env_steps = run_state.restore(cfg, self.spec, self.agent, lambda m: log(ROLE, m))
+        self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
+                                                        num_envs=sum(c.env_count for c in mine))
+        # A learner group (fastsac.learner_group_loop) overrides these: rank 0's agent and env steps,
+        # the job's env-step batch and budget, checkpoints from rank 0 only.
+        self.batch_envs = cfg.env.num_envs   # transitions of one env-step batch of the job
+        self.writes_checkpoints = True
+        self.env_steps = self.restore()
         self.start_env_steps = self.env_steps
-        self.total_env_steps = cfg.trainer.num_iterations * cfg.env.num_envs
+        self.total_env_steps = self.budget()
         numel = policy_flat_numel(self.spec.obs_dim, self.spec.act_dim, cfg.algo)
-        self.feeds = [CollectorFeed(cfg.job_name, c.collector_id, c.env_first, c.env_count,
+        rows = [sum(c.env_count for c in mine[:j]) for j in range(len(mine))]   # its rows in this buffer
+        self.feeds = [CollectorFeed(cfg.job_name, c.collector_id, first, c.env_count,
                                     shm.RingSpec(num_envs=c.env_count, obs_dim=self.spec.obs_dim,
                                                  critic_obs_dim=self.spec.critic_obs_dim,
                                                  act_dim=self.spec.act_dim, capacity=self.ao.ring_capacity),
                                     numel)
-                      for c in ctx.plan.collectors]
+                      for c, first in zip(mine, rows)]
         self.staging = IngestStaging([f.spec for f in self.feeds], self.ao.max_ingest_per_iter, self.device)
         cfg.run_path.mkdir(parents=True, exist_ok=True)
-        self.telemetry = LearnerTelemetry(cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
-                                          self.total_env_steps)
+        self.telemetry = self.make_telemetry()
         self.evaluation = LearnerEval(cfg, self.ctl.incarnation, numel, self.env_steps, self.telemetry,
                                       lambda m: log(ROLE, m))   # eval.*: the evaluator process's weights and results
         # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
         # start_env_steps first: collectors derive their envs' reset seed from it (a resumed run).
+        self.ctl.learner.update(global_rank=ctx.me.global_rank, device=str(self.device)[:16])
         self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, start_env_steps=self.start_env_steps,
                                 num_updates=self.agent.num_updates_done, started_ns=time.monotonic_ns(),
                                 heartbeat_ns=time.monotonic_ns(), state=int(shm.ProcState.RUNNING))
@@ -105,8 +117,31 @@ class Learner:
         self.updates_owed = 0.0
         self.updates_since_publish = 0
         self.last_attach = self.last_status = self.last_liveness = 0.0
-        log(ROLE, f"{cfg.env.name}: {cfg.env.num_envs} envs in {len(self.feeds)} collector(s), device {self.device}, "
+        log(ROLE, f"{cfg.env.name}: {self.buffer.num_envs} envs in {len(self.feeds)} collector(s), device {self.device}, "
                   f"utd_mode {self.ao.utd_mode}, env steps {self.env_steps:,}/{self.total_env_steps:,}")
+
+    # ------------------------------------------------------------------ set-up (a learner group overrides)
+    def restore(self) -> int:
+        """The checkpoint named by `resume` into the agent; its env steps (0 = fresh)."""
+        return run_state.restore(self.cfg, self.spec, self.agent, lambda m: log(ROLE, m))
+
+    def budget(self) -> int:
+        return self.cfg.trainer.num_iterations * self.cfg.env.num_envs
+
+    def make_telemetry(self) -> LearnerTelemetry:
+        return LearnerTelemetry(self.cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
+                                self.total_env_steps)
+
+    def count(self, slots: int, transitions: int) -> int:
+        """The transitions this iteration adds to the job's env steps (a group: all ranks')."""
+        return transitions
+
+    def buffer_ready(self) -> bool:
+        return self.buffer.ready()
+
+    def ingest_limit(self) -> int:
+        """Transitions this learner may still ingest (a group: its share of the job's rest)."""
+        return self.total_env_steps - self.env_steps
 
     # ------------------------------------------------------------------ collectors
     def attach_collectors(self) -> None:
@@ -207,7 +242,9 @@ class Learner:
             except FeedFault as exc:
                 self.drop(feed, str(exc))
         budget = self.ao.max_ingest_per_iter
-        remaining = self.total_env_steps - self.env_steps  # never ingest past the run length
+        remaining = self.ingest_limit()  # never ingest past the run length
+        if remaining <= 0:   # a learner of a group that ingested its share waits for the others
+            return 0, 0
         runs, transitions = [], 0
         self.staging.begin()
         for i, feed in enumerate(ready):
@@ -253,12 +290,12 @@ class Learner:
     # ------------------------------------------------------------------ updates
     def updates_to_run(self, transitions: int) -> int:
         cfg = self.cfg
-        if cfg.algo.num_updates == 0 or not self.buffer.ready():
+        if cfg.algo.num_updates == 0 or not self.buffer_ready():
             return 0
-        if self.env_steps < cfg.algo.learning_starts * cfg.env.num_envs:
+        if self.env_steps < cfg.algo.learning_starts * self.batch_envs:
             return 0
         # strict: num_updates per env-step batch of num_envs transitions, exactly as the sync trainer.
-        self.updates_owed += cfg.algo.num_updates * transitions / cfg.env.num_envs
+        self.updates_owed += cfg.algo.num_updates * transitions / self.batch_envs
         k = int(self.updates_owed)
         self.updates_owed -= k
         if self.ao.utd_mode == "learner_bound" and k == 0 and transitions == 0:
@@ -326,8 +363,9 @@ class Learner:
             self.last_attach = now
             self.attach_collectors()
         slots, transitions = self.ingest()
+        transitions = self.count(slots, transitions)
         self.env_steps += transitions
-        self.telemetry.add_batches(transitions / self.cfg.env.num_envs)
+        self.telemetry.add_batches(transitions / self.batch_envs)
         k = self.updates_to_run(transitions)
         if self.cfg.algo.num_updates == 0 and slots:
             # Collect-only runs still exercise the broadcast: one "update" per ingested slot.
@@ -353,10 +391,12 @@ class Learner:
         time.sleep(self.idle_sleep)
 
     def checkpoint_if_due(self) -> None:
-        it = self.env_steps // self.cfg.env.num_envs
+        it = self.env_steps // self.batch_envs
         if not self.cfg.checkpoint.interval or it < self.next_ckpt_it or self.env_steps >= self.total_env_steps:
             return
         self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
+        if not self.writes_checkpoints:
+            return
         with heartbeat_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
             try:
                 run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
@@ -370,17 +410,23 @@ class Learner:
             self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
         self.telemetry.refresh_status()
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
+        self.final_checkpoint(reason)
+        self.ctl.learner["state"] = int(shm.ProcState.FINISHED if self.exit_code == 0 else shm.ProcState.FAILED)
+        return self.exit_code
+
+    def final_checkpoint(self, reason: str) -> None:
+        if not self.writes_checkpoints:
+            log(ROLE, f"{reason} at env step {self.env_steps:,} (rank 0 writes the checkpoints)")
+            return
         try:
             path = run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
             log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")
         except run_state.CheckpointSaveError as exc:  # the job did not end whole: exit 1 with the reason
             log(ROLE, f"error: {reason}, but the final checkpoint failed: {exc}")
             self.exit_code = 1
-        self.ctl.learner["state"] = int(shm.ProcState.FINISHED if self.exit_code == 0 else shm.ProcState.FAILED)
-        return self.exit_code
 
     def _next_multiple(self, interval: int) -> int:
-        it = self.env_steps // self.cfg.env.num_envs
+        it = self.env_steps // self.batch_envs
         return (it // interval + 1) * interval if interval else math.inf
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The learner: drains every collector's ring, trains FastSAC, broadcasts actor weights.
 
-    python -m fastsac.learner_main --config JOB.yaml [key=value ...]
+    python -m fastsac.learner_main --config JOB.yaml [--learner-index I] [key=value ...]
 
 Started by the launcher on the GPU's NUMA node (which first creates the job's control
 segment; the learner attaches to it by job_name). It owns the agent, the replay buffer,
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m fastsac.learner_main",
         description="Run the fastsac learner of a job whose control segment the launcher created "
                     "(fastsac-launch starts it for you).")
+    p.add_argument("--learner-index", type=int, default=0,
+                   help="which of this machine's learners this is (0-based; distributed.num_learners > 1)")
     process_setup.add_common_args(p)
     return p
 
@@ -40,10 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_torch(process_setup.torch_threads(ctx))
     from fastsac.checkpoint import CheckpointError
     from fastsac.config import ConfigError
-    from fastsac.learner_loop import Learner
+    from fastsac.learner_placement import is_group
     from fastsac.shm_layout import ShmLayoutError
-    return process_setup.build_and_run(ROLE, lambda: Learner(ctx), (ConfigError, CheckpointError),
-                                       (ShmLayoutError,))
+    failures: tuple = (ShmLayoutError,)
+    if is_group(ctx.cfg):   # torch.distributed is imported only by a learner group
+        from fastsac.distributed import DistributedError
+        from fastsac.learner_group_loop import GroupLearner as Learner
+        failures += (DistributedError,)
+    else:
+        from fastsac.learner_loop import Learner
+    return process_setup.build_and_run(ROLE, lambda: Learner(ctx), (ConfigError, CheckpointError), failures)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ class LearnerTelemetry(Telemetry):
         fills = [f.fill() for f in self.feeds]
         max_lag = max((f.max_lag for f in self.feeds), default=0)
         scalars.update({
-            "perf/env_steps_per_s": sum(scalars[f"collector{f.cid}/env_steps_per_s"] for f in self.feeds),
+            "perf/env_steps_per_s": self.produced_per_s(scalars, dt),
             "perf/ingest_env_steps_per_s": (env_steps - self._env_steps) / dt,
             "async/policy_lag": max_lag, "async/ring_fill": float(np.mean(fills)) if fills else 0.0,
             "async/weight_version": weight_version,
@@ -63,6 +63,10 @@ class LearnerTelemetry(Telemetry):
         self._batches = 0.0
         for f in self.feeds:
             f.max_lag = 0
+
+    def produced_per_s(self, scalars: dict, dt: float) -> float:
+        """perf/env_steps_per_s: the sum of this learner's collectors' rates (a group: the job's)."""
+        return sum(scalars[f"collector{f.cid}/env_steps_per_s"] for f in self.feeds)
 
     def _collector_scalars(self, dt: float) -> tuple[dict, list[str], tuple[int, float, int]]:
         scalars: dict[str, float] = {}

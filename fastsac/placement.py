@@ -41,12 +41,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
+from fastsac import learner_placement as lp
 from fastsac.binding import thread_env
 from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
 from fastsac.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
-    "ProcessPlan", "CollectorPlan", "JobPlan", "plan_job", "split_envs", "format_plan", "plan_to_json",
+    "ProcessPlan", "LearnerPlan", "CollectorPlan", "JobPlan", "plan_job", "split_envs", "format_plan", "plan_to_json",
     "LEARNER_MODULE", "COLLECTOR_MODULE", "EVALUATOR_MODULE",
 ]
 
@@ -110,12 +111,28 @@ class ProcessPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LearnerPlan(ProcessPlan):
+    """A learner: local index on this machine, global rank in the job's learner group (0 and 0
+    with one learner); named 'learner <i>' only when this machine runs several."""
+    learner_index: int = 0
+    global_rank: int = 0
+    node_rank: int = 0
+    several: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"learner {self.learner_index}" if self.several else "learner"
+
+
+@dataclass(frozen=True, kw_only=True)
 class CollectorPlan(ProcessPlan):
-    """A collector: owns envs [env_first, env_first + env_count). manual: a person starts it."""
+    """A collector: owns envs [env_first, env_first + env_count). manual: a person starts it.
+    learner_index: the local learner that drains its ring and feeds its snapshot."""
     collector_id: int
     env_first: int
     env_count: int
     manual: bool = False
+    learner_index: int = 0
 
     @property
     def name(self) -> str:
@@ -137,7 +154,7 @@ class JobPlan:
     binding: the method actually used ('auto' resolved); requested_binding: the config value.
     placement: 'explicit' (numa_nodes), 'spread', 'colocate', or 'none' when binding is off.
     """
-    learner: ProcessPlan
+    learners: tuple[LearnerPlan, ...]
     collectors: tuple[CollectorPlan, ...]
     binding: BindingMethod
     requested_binding: str
@@ -147,10 +164,16 @@ class JobPlan:
     topology: Topology = field(compare=False)
     notes: tuple[str, ...] = ()
     evaluator: ProcessPlan | None = None   # eval.interval > 0 (async): the evaluator process
+    world_size: int = 1          # learners in the whole job (all machines); 1 = no learner group
+
+    @property
+    def learner(self) -> LearnerPlan:
+        """The first local learner (the only one unless distributed.num_learners > 1)."""
+        return self.learners[0]
 
     @property
     def processes(self) -> tuple[ProcessPlan, ...]:
-        return (self.learner, *self.collectors, *((self.evaluator,) if self.evaluator else ()))
+        return (*self.learners, *self.collectors, *((self.evaluator,) if self.evaluator else ()))
 
     @property
     def manual_collectors(self) -> tuple[CollectorPlan, ...]:
@@ -239,7 +262,7 @@ def _resolve_binding(ao: AsyncOptions, numactl: str | None, topo: Topology, note
     raise ConfigError(f"{key}: {requested!r} is not valid; expected one of 'off', 'auto', 'numactl', 'inprocess'")
 
 
-def _learner_node(cfg: Config, topo: Topology, notes: list[str]) -> int:
+def _learner_node(cfg: Config, topo: Topology, notes: list[str], device: str | None = None) -> int:
     ao = cfg.trainer.async_options
     key = f"{_AO}.learner_numa_node"
     if ao.learner_numa_node < -1:
@@ -248,13 +271,14 @@ def _learner_node(cfg: Config, topo: Topology, notes: list[str]) -> int:
     if ao.learner_numa_node >= 0:
         return _check_node(key, ao.learner_numa_node, topo).id
     fallback = topo.usable_nodes[0].id
-    gpu = topo.gpu_node_for(cfg.device)
+    device = cfg.device if device is None else device
+    gpu = topo.gpu_node_for(device)
     if gpu >= 0 and topo.node(gpu).usable:
         return gpu
     if gpu >= 0:
         notes.append(f"the GPU is on node {gpu}, but {topo.node(gpu).unusable_reason}; the learner runs on "
                      f"node {fallback} and its host-device copies cross the socket link")
-    elif cfg.device == "cpu":
+    elif device == "cpu":
         notes.append(f"learner device is 'cpu' (no GPU node): learner on node {fallback}; "
                      f"set {key} to choose another")
     else:
@@ -335,6 +359,7 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     overrides = [str(o) for o in overrides]
     notes: list[str] = []
     method = _resolve_binding(ao, numactl, topo, notes)
+    devices = lp.learner_devices(cfg, topo)
 
     if method == "off":
         have = len(topo.allowed_cpus)
@@ -344,16 +369,25 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                               f"needs its own CPU: use at most {have} collector{'s' if have != 1 else ''}")
         learner_node, nodes, placement = None, [None] * n, "none"
         learner_cpus, slices = topo.allowed_cpus, [topo.allowed_cpus] * n
+        learner_nodes, learner_cpu_sets = [None] * len(devices), [tuple(learner_cpus)] * len(devices)
     else:
         if not topo.usable_nodes:
             raise ConfigError(f"{_AO}.numa_binding: {ao.numa_binding!r} needs a usable NUMA node but this process "
                               "can use none: " + "; ".join(f"node {x.id}: {x.unusable_reason}" for x in topo.nodes)
                               + "; fix the cpuset/affinity or set numa_binding: off")
-        learner_node = _learner_node(cfg, topo, notes)
+        learner_nodes = [_learner_node(cfg, topo, notes, dev) for dev in devices]
+        learner_node = learner_nodes[0]
         nodes, placement = _collector_nodes(cfg, topo, learner_node)
         slices = _cpu_slices(cfg, topo, nodes)
         learner_cpus = _learner_cpus(topo, learner_node, nodes, slices, notes)
-        _note_idle_cpus(topo, nodes, slices, learner_node, learner_cpus, notes)
+        learner_cpu_sets = _learners_cpus(topo, learner_nodes, nodes, slices, notes) if len(devices) > 1 \
+            else [tuple(learner_cpus)]
+        _note_idle_cpus(topo, nodes, slices, learner_node, {c for s in learner_cpu_sets for c in s}, notes)
+    notes[:] = list(dict.fromkeys(notes))   # several learners on one node would repeat its notes
+    owner = lp.assign_collectors(cfg, learner_nodes, nodes)
+    # a job's evaluator runs next to learner rank 0 (rank 0 logs its results); other machines plan none
+    evaluator_cpus, learner_cpu_sets[0] = _evaluator_cpus(cfg, method, tuple(learner_cpu_sets[0]), notes) \
+        if cfg.distributed.node_rank == 0 else (None, learner_cpu_sets[0])
 
     def argv_for(module: str, node: int | None, cpus: tuple[int, ...], extra: list[str]) -> tuple[str, ...]:
         prefix: list[str] = []
@@ -369,11 +403,15 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     def env_for(cpus: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
         return tuple(sorted(thread_env(max(1, len(cpus))).items()))
 
-    evaluator_cpus, learner_cpus = _evaluator_cpus(cfg, method, tuple(learner_cpus), notes)
-    learner = ProcessPlan(role="learner", node=learner_node, cpus=tuple(learner_cpus), binding=method,
-                          device=cfg.device, seed=cfg.seed,
-                          argv=argv_for(LEARNER_MODULE, learner_node, tuple(learner_cpus), []),
-                          env=env_for(tuple(learner_cpus)))
+    several = len(devices) > 1
+    learners = tuple(
+        LearnerPlan(role="learner", node=learner_nodes[k], cpus=learner_cpu_sets[k], binding=method,
+                    device=devices[k], seed=cfg.seed, learner_index=k, global_rank=rank,
+                    node_rank=cfg.distributed.node_rank, several=several,
+                    argv=argv_for(LEARNER_MODULE, learner_nodes[k], learner_cpu_sets[k],
+                                  [lp.LEARNER_INDEX_ARG, str(k)] if several else []),
+                    env=env_for(learner_cpu_sets[k]))
+        for k, rank in enumerate(lp.ranks(cfg)))
     evaluator = None if evaluator_cpus is None else ProcessPlan(
         role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=cfg.eval.seed,
         argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), env=env_for(evaluator_cpus))
@@ -381,7 +419,7 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     collectors = tuple(
         CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=tuple(slices[i]), binding=method,
                       device=ao.collector_inference_device, seed=cfg.seed + i,
-                      env_first=blocks[i][0], env_count=blocks[i][1], manual=i in manual,
+                      env_first=blocks[i][0], env_count=blocks[i][1], manual=i in manual, learner_index=owner[i],
                       argv=argv_for(COLLECTOR_MODULE, nodes[i], tuple(slices[i]), ["--collector-id", str(i)]),
                       env=env_for(tuple(slices[i])))
         for i in range(n))
@@ -389,9 +427,10 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
         many = len(manual) > 1
         notes.append(f"collector{'s' if many else ''} {_ids(sorted(manual))} must be started by hand with the "
                      f"command shown; the launcher waits for {'them' if many else 'it'}")
-    return JobPlan(learner=learner, collectors=collectors, binding=method, requested_binding=ao.numa_binding,
+    return JobPlan(learners=learners, collectors=collectors, binding=method, requested_binding=ao.numa_binding,
                    placement=placement, numactl=numactl if method == "numactl" else None,
-                   config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator)
+                   config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator,
+                   world_size=lp.world_size(cfg))
 
 
 def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: list[str]) -> tuple[int, ...]:
@@ -405,6 +444,17 @@ def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: l
                  f"{'s' if len(sharers) > 1 else ''} {_ids(sharers)}: none are left over; set "
                  f"{_AO}.cpus_per_collector to leave some for the learner")
     return tuple(sorted(own))
+
+
+def _learners_cpus(topo: Topology, learner_nodes: list, nodes: list, slices: list, notes: list[str]) -> list:
+    """Several learners: each node's left-over CPUs in disjoint slices among the learners there."""
+    out: list = [()] * len(learner_nodes)
+    for nid in sorted(set(learner_nodes)):
+        members = [k for k, x in enumerate(learner_nodes) if x == nid]
+        rest = _learner_cpus(topo, nid, nodes, slices, notes)
+        for k, cpus in zip(members, lp.learner_cpu_slices(rest, len(members))):
+            out[k] = cpus
+    return out
 
 
 def _evaluator_cpus(cfg: Config, method: str, learner_cpus: tuple[int, ...], notes: list[str]):
@@ -443,7 +493,9 @@ def _env_range(p: ProcessPlan) -> str:
 
 def format_plan(plan: JobPlan) -> str:
     """Human-readable plan: topology, one table row per process, then the exact commands."""
-    head = (f"job plan: 1 learner + {len(plan.collectors)} collector(s); NUMA binding {plan.binding}"
+    nl = len(plan.learners)
+    head = (f"job plan: {nl} learner{'s' if nl > 1 else ''} + {len(plan.collectors)} collector(s); "
+            f"NUMA binding {plan.binding}"
             # 'auto' that binds nothing prints exactly what 'off' prints (the default job's plan)
             + (f" (requested {plan.requested_binding})"
                if plan.requested_binding != plan.binding and plan.binding != "off" else "")
@@ -467,6 +519,8 @@ def format_plan(plan: JobPlan) -> str:
             lines.append(f"  {(p.name + ':').ljust(label_w)} {p.command}")
     lines.append("  (the launcher sets OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS, ... of each "
                  "process to its threads column)")
+    if plan.world_size > 1:   # a one-learner job's plan reads as it always did
+        lines += lp.format_learners(plan.learners, plan.collectors)
     notes = list(plan.notes) + list(plan.topology.notes)
     if notes:
         lines.append("notes:")
@@ -505,4 +559,11 @@ def plan_to_json(plan: JobPlan) -> dict:
         "collectors": [_process_json(c) for c in plan.collectors],
         "notes": list(plan.notes),
         **({"evaluator": _process_json(plan.evaluator)} if plan.evaluator else {}),
+        **({"world_size": plan.world_size,
+            "learners": [{**_process_json(p), "learner_index": p.learner_index, "global_rank": p.global_rank,
+                          "node_rank": p.node_rank,
+                          "collectors": [c.collector_id for c in plan.collectors
+                                         if c.learner_index == p.learner_index]} for p in plan.learners],
+            "collector_learners": [c.learner_index for c in plan.collectors]}
+           if plan.world_size > 1 else {}),   # a one-learner job's JSON is what it always was
     }

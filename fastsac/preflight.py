@@ -16,6 +16,7 @@ Torch-free; numpy only through fastsac.shm_layout, imported by the shared-memory
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -146,12 +147,19 @@ def _torch_cuda_device_count() -> int | None:
         return None
 
 
-def check_devices(cfg: Config) -> None:
-    """A requested cuda / cuda:N must exist. 'auto' needs no check: it falls back to the CPU."""
+def check_devices(cfg: Config, learner_devices=()) -> None:
+    """A requested cuda / cuda:N must exist. 'auto' needs no check: it falls back to the CPU.
+
+    learner_devices: the planned device of each learner of a learner group (several learners on
+    this machine): more cuda learners than GPUs is refused, naming distributed.num_learners (or
+    the distributed.learner_devices entry that asks for a missing GPU)."""
     torch_count: list[int | None] = []   # probed at most once, and only when a GPU is there
+    d = cfg.distributed
+    learners = [(f"distributed.learner_devices[{i}]" if d.learner_devices else "distributed.num_learners", dev)
+                for i, dev in enumerate(learner_devices)] if len(learner_devices) > 1 or d.learner_devices else []
     for key, value in (("device", cfg.device), (f"{AO}.collector_inference_device",
-                                                cfg.trainer.async_options.collector_inference_device)):
-        if not value.startswith("cuda"):
+                                                cfg.trainer.async_options.collector_inference_device), *learners):
+        if not value.startswith("cuda") or (key == "device" and learners):   # the learners' devices replace it
             continue
         index = int(value.partition(":")[2] or 0)
         have = visible_gpu_count()
@@ -167,9 +175,39 @@ def check_devices(cfg: Config) -> None:
             raise ConfigError(f"{key}: {value!r} was requested but torch in this venv sees no CUDA device (a CPU-only "
                               "torch build? see README, 'Installing torch for a GPU'); use cpu or auto")
         have = min(have, torch_count[0] or have)
+        if index >= have and key == "distributed.num_learners":
+            raise ConfigError(f"{key}: {d.num_learners} learners on cuda need {d.num_learners} GPUs but this machine "
+                              f"has {have} (cuda:0..cuda:{have - 1}); use at most {have} learners per machine or "
+                              "give distributed.learner_devices")
         if index >= have:
             raise ConfigError(f"{key}: {value!r} was requested but this machine has {have} GPU"
                               f"{'s' if have != 1 else ''} (cuda:0..cuda:{have - 1}); use one of them, cpu or auto")
+
+
+def check_master_port(cfg: Config) -> None:
+    """node_rank 0 of a learner group hosts the rendezvous at master_addr:master_port: when that
+    address is this machine's, the port must be free now (else every learner would wait timeout_s
+    for a rendezvous that cannot start). Another machine's address is not checked here."""
+    import socket
+    d = cfg.distributed
+    if d.nnodes * d.num_learners <= 1 or d.node_rank != 0:
+        return
+    try:
+        infos = socket.getaddrinfo(d.master_addr, d.master_port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"distributed.master_addr: {d.master_addr!r} does not resolve ({exc}); give the address "
+                          "of node_rank 0") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a TIME_WAIT leftover is no conflict
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return   # not an address of this machine: node_rank 0 runs elsewhere
+            raise ConfigError(f"distributed.master_port: {d.master_port} on {d.master_addr} is already in use "
+                              f"({exc.strerror}); node_rank 0 hosts the learners' rendezvous there: choose a free "
+                              "port (distributed.master_port or $MASTER_PORT) or stop what holds it") from None
 
 
 # --------------------------------------------------------------------------- memory

@@ -76,7 +76,11 @@ def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) ->
     except ConfigError as exc:
         fail(role, f"config error: {exc}", EXIT_USAGE)
     if role == "learner":
-        me = plan.learner
+        index = getattr(args, "learner_index", 0)
+        if not 0 <= index < len(plan.learners):
+            fail(role, f"--learner-index {index} is not a learner of this job; valid indices are "
+                       f"0..{len(plan.learners) - 1} (distributed.num_learners={len(plan.learners)})", EXIT_USAGE)
+        me = plan.learners[index]
     elif role == "evaluator":
         if plan.evaluator is None:
             fail(role, "this job has no evaluator: eval.interval is 0 (or the trainer is synchronous)", EXIT_USAGE)
@@ -134,11 +138,12 @@ def torch_threads(ctx: ProcessContext) -> int:
     """CPUs this process owns. With binding off every process may use every CPU, so they
     are shared out evenly among the job's processes instead of each taking all of them."""
     if ctx.me.binding == "off":
-        return max(1, len(ctx.me.cpus) // (1 + len(ctx.plan.collectors)))
+        return max(1, len(ctx.me.cpus) // (len(ctx.plan.learners) + len(ctx.plan.collectors)))
     if ctx.me.role == "learner":
         # A learner sharing its node's CPUs with collectors (no CPU left over for it) gets one
         # thread: a second OpenMP thread would spin on a core a collector is pinned to (measured:
         # the learner's ingest took ~50% of a core instead of a few %).
         taken = {c for col in ctx.plan.collectors for c in col.cpus}
+        taken |= {c for other in ctx.plan.learners if other is not ctx.me for c in other.cpus}
         return max(1, len(set(ctx.me.cpus) - taken))
     return len(ctx.me.cpus)

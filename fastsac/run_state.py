@@ -22,9 +22,11 @@ from fastsac.transition import TransitionBatch
 
 
 def build_agent(cfg: Config, spec: EnvSpec, action_low: np.ndarray, action_high: np.ndarray,
-                device: torch.device) -> tuple[FastSAC, ReplayBuffer]:
+                device: torch.device, num_envs: int | None = None) -> tuple[FastSAC, ReplayBuffer]:
+    """num_envs: env rows of the replay buffer (default env.num_envs; a learner of a group holds
+    only its own collectors' envs)."""
     agent = FastSAC(spec.obs_dim, spec.critic_obs_dim, spec.act_dim, action_low, action_high, cfg.algo, device)
-    buffer = ReplayBuffer(num_envs=cfg.env.num_envs, buffer_size=cfg.algo.buffer_size, obs_dim=spec.obs_dim,
+    buffer = ReplayBuffer(num_envs=cfg.env.num_envs if num_envs is None else num_envs, buffer_size=cfg.algo.buffer_size, obs_dim=spec.obs_dim,
                           critic_obs_dim=spec.critic_obs_dim, act_dim=spec.act_dim,
                           n_steps=cfg.algo.num_steps, gamma=cfg.algo.gamma, device=device)
     return agent, buffer

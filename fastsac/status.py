@@ -85,6 +85,8 @@ class Snapshot:
     learner_heartbeat_age_s: float | None
     collectors: tuple[CollectorSnap, ...]
     evaluator: str | None = None         # the EVALUATOR line (eval.interval > 0), from its own channel
+    learners: tuple[dict, ...] = ()      # every local learner's record (learners[0] is `learner`)
+    collector_learners: tuple[int, ...] = ()   # the local learner of each collector (job settings)
 
 
 def _enum_name(enum_cls, value: int) -> str:
@@ -152,13 +154,19 @@ def take_snapshot(ctl: "shm.ControlBlock") -> Snapshot:
             feed=(f"DROPPED({ing['faults']})" if ing["dropped"] else "attached" if ing["attached"] else "-"),
             snapshot_stuck=bool(c["snapshot_stuck_ns"])))
     lstate = _enum_name(shm.ProcState, learner["state"])
+    learners = tuple(ctl.learner_record(k).as_dict() for k in range(ctl.num_learners))
+    try:
+        owners = tuple(ctl.job_settings().get("learner per collector", ()))
+    except shm.ShmLayoutError:
+        owners = ()
     return Snapshot(
         t_ns=now, job=ctl.job, incarnation=ctl.incarnation, num_collectors=ctl.num_collectors,
         launcher_pid=launcher["launcher_pid"], uptime_s=_age(now, launcher["started_ns"]),
         stop=bool(launcher["stop"]), stop_reason=_enum_name(shm.StopReason, launcher["stop_reason"]),
         learner=learner, learner_state=lstate, learner_alive=_live_state(lstate, learner["pid"]),
         learner_heartbeat_age_s=_age(now, learner["heartbeat_ns"]), collectors=tuple(cols),
-        evaluator=evaluator_status_line(ctl.job, ctl.incarnation, now))
+        evaluator=evaluator_status_line(ctl.job, ctl.incarnation, now), learners=learners,
+        collector_learners=owners)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -218,7 +226,9 @@ def format_status(cur: Snapshot, prev: Snapshot | None = None) -> str:
         f"up {_fmt_duration(cur.uptime_s)} | {cur.num_collectors} collector(s) | {time.strftime('%H:%M:%S')}",
         f"stop: {'REQUESTED (' + cur.stop_reason + ')' if cur.stop else 'no'}",
     ]
-    if lr["pid"]:
+    if len(cur.learners) > 1:
+        lines += _learner_lines(cur, prev, dt)
+    elif lr["pid"]:
         lines.append(
             f"learner  pid {lr['pid']} | {_state(cur.learner_state, cur.learner_alive)} | "
             f"heartbeat {_fmt_age(cur.learner_heartbeat_age_s)} | env_steps {lr['env_steps']:,} | "
@@ -261,6 +271,28 @@ def format_status(cur: Snapshot, prev: Snapshot | None = None) -> str:
                  "0.5 s; upd/s and learn%: as of its last log line. DROPPED: the learner refused the collector's "
                  "data (see learner.log); STUCK: the collector cannot load newer weights.")
     return "\n".join(lines)
+
+
+def _learner_lines(cur: Snapshot, prev: Snapshot | None, dt: float | None) -> list[str]:
+    """Several learners on this machine: one line each (rank, device, state, progress) with its collectors."""
+    same_job = prev is not None and prev.incarnation == cur.incarnation and len(prev.learners) == len(cur.learners)
+    lines = []
+    for k, lr in enumerate(cur.learners):
+        mine = [str(i) for i, owner in enumerate(cur.collector_learners) if owner == k]
+        state = _enum_name(shm.ProcState, lr["state"])
+        head = f"learner {k} rank {lr['global_rank']} {lr['device'] or '-'}"
+        if not lr["pid"]:
+            lines.append(f"{head} | not started yet ({state}) | collectors {', '.join(mine) or '-'}")
+            continue
+        p = prev.learners[k] if same_job else None
+        rate = _rate(lr["env_steps"], p["env_steps"], dt) if p is not None and p["pid"] == lr["pid"] else None
+        lines.append(
+            f"{head} | pid {lr['pid']} | {_state(state, _live_state(state, lr['pid']))} | "
+            f"heartbeat {_fmt_age(_age(cur.t_ns, lr['heartbeat_ns']))} | env_steps {lr['env_steps']:,} | "
+            f"updates {lr['num_updates']:,} | {_fmt_num(lr['updates_per_s'], ',.1f')} upd/s | "
+            f"learn {_fmt_num(lr['learn_pct'], '.0f')}% | weights v{lr['weight_version']} | "
+            f"ingest {_fmt_num(rate)} env-steps/s | collectors {', '.join(mine) or '-'}")
+    return lines
 
 
 def render_status(job: str, sample_s: float = SAMPLE_S) -> str:

@@ -53,7 +53,10 @@ class Supervisor:
         self.ao = cfg.trainer.async_options
         self.log_dir = cfg.run_path / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.learner = Child("learner", plan.learner, self.log_dir / "learner.log")
+        # learner.log for the one-learner job; learner<i>.log when this machine runs several
+        self.learners = [Child(p.name, p, self.log_dir / (f"learner{p.learner_index}.log" if p.several
+                                                           else "learner.log")) for p in plan.learners]
+        self.learner = self.learners[0]
         self.collectors = [Child(f"collector {c.collector_id}", c, self.log_dir / f"collector{c.collector_id}.log",
                                  manual=c.manual) for c in plan.collectors]
         # eval.interval > 0: the evaluator, watched by fastsac.evaluator_supervision (never stops the job)
@@ -63,7 +66,7 @@ class Supervisor:
         self.signals: list[int] = []
         self.stop_deadline: float | None = None
         self.escalated_at: float | None = None
-        self._tail_pos = 0
+        self._tail_pos: dict[Path, int] = {}
 
     # ------------------------------------------------------------------ processes
     def spawn(self, child: Child) -> None:
@@ -85,7 +88,7 @@ class Supervisor:
                 state=int(shm.SupervisorState.LAUNCHED if child.restarts == 0 else shm.SupervisorState.RESTARTING))
 
     def running(self) -> list[Child]:
-        return [c for c in [self.learner, *self.collectors, *self.eval_children]
+        return [c for c in [*self.learners, *self.collectors, *self.eval_children]
                 if c.proc is not None and c.proc.poll() is None]
 
     def signal_all(self, sig: int) -> None:
@@ -112,27 +115,30 @@ class Supervisor:
             self.signal_all(signal.SIGTERM)
 
     def tail_learner_log(self) -> None:
-        """Echo the learner's progress lines on our stdout (the learner only writes its log file,
+        """Echo the learners' progress lines on our stdout (a learner only writes its log file,
         so it never depends on the launcher's stdout staying open)."""
-        try:
-            with open(self.learner.log_path, "rb") as f:
-                f.seek(self._tail_pos)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1
-        if end:
-            sys.stdout.write(data[:end].decode(errors="replace"))
-            sys.stdout.flush()
-            self._tail_pos += end
+        for child in self.learners:
+            path = child.log_path
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._tail_pos.get(path, 0))
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n") + 1
+            if end:
+                sys.stdout.write(data[:end].decode(errors="replace"))
+                sys.stdout.flush()
+                self._tail_pos[path] = self._tail_pos.get(path, 0) + end
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
-        with open(self.learner.log_path, "ab") as f:
-            self._tail_pos = f.tell()
-        self.spawn(self.learner)
+        for child in self.learners:
+            with open(child.log_path, "ab") as f:
+                self._tail_pos[child.log_path] = f.tell()
+            self.spawn(child)
         for c in self.collectors:
             sup = self.ctl.supervisor(c.plan.collector_id)
             sup.update(planned_node=-1 if c.plan.node is None else c.plan.node, cpus=c.plan.cpulist[:63],
@@ -151,7 +157,7 @@ class Supervisor:
             while self.running() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
             self.signal_all(signal.SIGKILL)
-            for c in [self.learner, *self.collectors, *self.eval_children]:
+            for c in [*self.learners, *self.collectors, *self.eval_children]:
                 if c.proc is not None:
                     c.proc.wait()
             if self.evaluator:
@@ -172,23 +178,14 @@ class Supervisor:
                 else:
                     self.escalate(f"second {signal.Signals(sig).name}")
             now = time.monotonic()
-            if self.stop_deadline is None and self.ctl.learner["state"] == shm.ProcState.RUNNING \
-                    and self.ctl.learner["pid"] == self.learner.proc.pid and self.learner.proc.poll() is None:
-                # Before the collectors are looked at: the ones that gave up on the hung learner
-                # themselves then exit into a stopping job instead of being restarted.
-                self._kill_if_hung(self.learner, self.ctl.learner_heartbeat_age_s())
-            rc = self.learner.proc.poll()
-            if rc is not None and self.learner.exit_code is None:
-                self.learner.exit_code = rc
-                if rc == 0:
-                    result = result or (EXIT_OK, "finished")
-                    self.request_stop("the learner finished", shm.StopReason.FINISHED)
-                else:
-                    code = EXIT_USAGE if rc == EXIT_USAGE else EXIT_FAILURE
-                    hung = f"; killed as hung: no heartbeat for over heartbeat_timeout_s=" \
-                           f"{self.ao.heartbeat_timeout_s:g}s" if self.learner.hung_killed else ""
-                    result = (code, f"the learner failed (exit code {rc}{hung}); see {self.learner.log_path}")
-                    self.request_stop(result[1], shm.StopReason.LEARNER_FAILED)
+            for k, lc in enumerate(self.learners):
+                rec = self.ctl.learner_record(k)
+                if self.stop_deadline is None and rec["state"] == shm.ProcState.RUNNING \
+                        and rec["pid"] == lc.proc.pid and lc.proc.poll() is None:
+                    # Before the collectors are looked at: the ones that gave up on the hung learner
+                    # themselves then exit into a stopping job instead of being restarted.
+                    self._kill_if_hung(lc, self.ctl.learner_heartbeat_age_s(index=k))
+                result = self._watch_learner(lc, result)
             for c in self.collectors:
                 self._watch_collector(c, now)
                 if c.exit_code is not None and c.restart_at is None and self.stop_deadline is None \
@@ -208,6 +205,30 @@ class Supervisor:
                     self.escalate(f"the job did not stop within stop_timeout_s={self.ao.stop_timeout_s:g}s")
                 if self.escalated_at is not None and now > self.escalated_at + KILL_GRACE_S:
                     self.signal_all(signal.SIGKILL)
+
+    def _watch_learner(self, lc: Child, result):
+        """A learner that exits 0 finished the job (all learners stop together); any other exit
+        stops the whole local job, exit 1 (2 for a usage error), naming the learner."""
+        rc = lc.proc.poll()
+        if rc is None or lc.exit_code is not None:
+            return result
+        lc.exit_code = rc
+        if rc == 0:
+            self.request_stop(f"the {lc.name} finished", shm.StopReason.FINISHED)
+            return result or (EXIT_OK, "finished")
+        code = EXIT_USAGE if rc == EXIT_USAGE else EXIT_FAILURE
+        hung = f"; killed as hung: no heartbeat for over heartbeat_timeout_s=" \
+               f"{self.ao.heartbeat_timeout_s:g}s" if lc.hung_killed else ""
+        if self.plan.world_size > 1:
+            from fastsac.learner_placement import describe_learner
+            who = describe_learner(lc.plan.global_rank, lc.plan.device, lc.plan.node_rank)
+            message = f"{who} failed: exit code {rc}{hung}; see {lc.log_path}"
+        else:
+            message = f"the learner failed (exit code {rc}{hung}); see {lc.log_path}"
+        if result is None or result[0] == EXIT_OK:
+            result = (code, message)
+        self.request_stop(message, shm.StopReason.LEARNER_FAILED)
+        return result
 
     def _kill_if_hung(self, child: Child, age: float | None) -> None:
         """A running process whose heartbeat is older than heartbeat_timeout_s is hung (stopped, deadlocked):
@@ -235,7 +256,7 @@ class Supervisor:
             return
         if self.stop_deadline is None:
             say(f"{c.name} (pid {c.proc.pid}) was dropped by the learner ({ing['fault']}); killing it for a restart "
-                f"(see {self.learner.log_path})")
+                f"(see {self.learners[c.plan.learner_index].log_path})")
             c.proc.kill()
 
     def _watch_collector(self, c: Child, now: float) -> None:

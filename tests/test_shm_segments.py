@@ -395,7 +395,7 @@ def test_cli_list_and_clean(job_name, capsys):
 # --------------------------------------------------------------------------- control block
 
 def test_control_block_layout_one_writer_per_line():
-    recs = [(L.CTL_LAUNCHER, L.LAUNCHER_DTYPE, 1), (L.CTL_LEARNER, L.LEARNER_DTYPE, 1),
+    recs = [(L.CTL_LAUNCHER, L.LAUNCHER_DTYPE, 1), (L.CTL_LEARNER, L.LEARNER_DTYPE, L.MAX_LEARNERS),
             (L.CTL_COLLECTORS, L.COLLECTOR_DTYPE, L.MAX_COLLECTORS), (L.CTL_INGEST, L.INGEST_DTYPE, L.MAX_COLLECTORS),
             (L.CTL_SUPERVISOR, L.SUPERVISOR_DTYPE, L.MAX_COLLECTORS)]
     end = L.HEADER_NBYTES
@@ -405,6 +405,33 @@ def test_control_block_layout_one_writer_per_line():
     assert end <= L.CTL_NBYTES and L.CTL_NBYTES % 4096 == 0
     stats_off = L.COLLECTOR_DTYPE.fields["stats_seq"][1]
     assert stats_off % 64 == 0
+
+
+def test_control_block_learner_records_one_writer_each(job_name):
+    """Two local learners: learner i writes its own record and the ingest records of its collectors only;
+    a collector's ctl.learner is its own learner's record."""
+    ctl = L.ControlBlock.create(job_name, 3, num_learners=2)
+    lrn1 = L.ControlBlock.attach(job_name, "learner", learner_index=1, ingest_ids=[1], num_learners=2)
+    col1 = L.ControlBlock.attach(job_name, "collector", 1, learner_index=1)
+    col0 = L.ControlBlock.attach(job_name, "collector", 0)
+    try:
+        assert ctl.num_learners == lrn1.num_learners == 2
+        lrn1.learner.update(pid=7, global_rank=3, device="cuda:1", start_env_steps=5)
+        lrn1.ingest(1)["ring_fill"] = 2
+        assert col1.learner["pid"] == 7 and col1.learner["device"] == "cuda:1" and col0.learner["pid"] == 0
+        assert ctl.learner_record(1)["global_rank"] == 3 and ctl.ingest(1)["ring_fill"] == 2
+        for rec in (lrn1.learner_record(0), lrn1.ingest(0), lrn1.ingest(2)):
+            with pytest.raises(L.ShmLayoutError, match="is not written by this process"):
+                rec["pid" if "pid" in rec.keys() else "ring_fill"] = 1
+        with pytest.raises(L.ShmLayoutError, match="learner 2 does not exist"):
+            L.ControlBlock.attach(job_name, "learner", learner_index=2)
+        with pytest.raises(L.ShmLayoutError, match="num_learners"):
+            L.ControlBlock.attach(job_name, "learner", num_learners=1)
+    finally:
+        for h in (col0, col1, lrn1):
+            h.close()
+        ctl.unlink()
+        ctl.close()
 
 
 def test_control_block_roles_enforce_single_writers(job_name):

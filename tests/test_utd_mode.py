@@ -77,7 +77,7 @@ def updates_while_rings_empty(tmp_path, job: str, utd_mode: str, procs) -> tuple
     push_batches(ring, PUSHED)
 
     from fastsac.learner_loop import Learner
-    learner = Learner(SimpleNamespace(cfg=cfg, plan=plan))
+    learner = Learner(SimpleNamespace(cfg=cfg, plan=plan, me=plan.learner))
     stop = {"signal": None}
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("exit", learner.run(stop)), daemon=True)

@@ -38,7 +38,7 @@ Import the public names from the package (`from fastsac import shm_layout as shm
 from fastsac.procs import boot_id, pid_alive
 from fastsac.shm_layout.common import (
     CACHE_LINE, DATA_OFFSET, HEADER_NBYTES, JOB_NAME_RE, LAYOUT_VERSION, MADV_POPULATE_WRITE, MAGIC,
-    MAX_COLLECTORS, PAGE, PREFIX, SHM_DIR, UNSAFE_ENV, SegmentKind, ShmLayoutError, check_memory_order,
+    MAX_COLLECTORS, MAX_LEARNERS, PAGE, PREFIX, SHM_DIR, UNSAFE_ENV, SegmentKind, ShmLayoutError, check_memory_order,
     cleanup_command, ctl_name, parse_segment_name, ring_name, segment_exists, segment_name, shm_free_bytes,
     validate_job_name, wts_name,
 )
@@ -67,7 +67,7 @@ __all__ = [
     "CACHE_LINE", "COLLECTOR_DTYPE", "CTL_COLLECTORS", "CTL_INGEST", "CTL_JOB", "CTL_LAUNCHER",
     "CTL_LAUNCHER_LOCK", "CTL_LEARNER", "CTL_NBYTES", "CTL_SUPERVISOR", "ControlBlock", "DATA_OFFSET", "EVALUATOR_ID", "EvalChannel", "HDR",
     "HEADER_DTYPE", "HEADER_NBYTES", "INGEST_DTYPE", "JOB_DTYPE", "JOB_NAME_RE", "LAUNCHER_DTYPE",
-    "LAYOUT_VERSION", "LEARNER_DTYPE", "LaunchLockError", "MADV_POPULATE_WRITE", "MAGIC", "MAX_COLLECTORS",
+    "LAYOUT_VERSION", "LEARNER_DTYPE", "LaunchLockError", "MADV_POPULATE_WRITE", "MAGIC", "MAX_COLLECTORS", "MAX_LEARNERS",
     "PAGE", "PARAM_NAMES", "PREFIX", "ProcState", "RING_CONSUMER_LOCK", "RING_CONSUMER_PID",
     "RING_PRODUCER_LOCK", "RING_PRODUCER_PID", "RING_READ_CURSOR", "RING_WRITE_CURSOR", "Record", "RingSpec",
     "SHM_DIR", "SLOT_HEADER_FIELDS", "SLOT_HEADER_NBYTES", "STAGES", "STATS_DTYPE", "STATS_FIELDS",

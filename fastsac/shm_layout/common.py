@@ -11,7 +11,7 @@ import numpy as np
 
 from fastsac.config import JOB_NAME_RE
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 MAGIC = int.from_bytes(b"FASTSAC1", "little")  # written LAST at creation: 0 = not ready
 SHM_DIR = "/dev/shm"
 PREFIX = "fastsac"
@@ -21,6 +21,7 @@ HEADER_NBYTES = 512          # reserved for the common header; control lines sta
 DATA_OFFSET = PAGE           # bulk data (slots, weight buffers) starts page-aligned
 MAX_COLLECTORS = 64
 EVALUATOR_ID = -2            # the evaluator's weight snapshot: a WTS segment of no collector (/fastsac.J.eval.wts)
+MAX_LEARNERS = 64           # learner records in the control block (distributed.num_learners' maximum)
 UNSAFE_ENV = "FASTSAC_UNSAFE_MEMORY_ORDER"
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from fastsac.shm_layout.cleanup import _ctl_launcher_pid, _scan, unlink_job_segments
 from fastsac.shm_layout.common import (
-    CACHE_LINE, MAGIC, MAX_COLLECTORS, PAGE, SegmentKind, ShmLayoutError, _align, _check_collector_id, _digest,
+    CACHE_LINE, MAGIC, MAX_COLLECTORS, MAX_LEARNERS, PAGE, SegmentKind, ShmLayoutError, _align, _check_collector_id, _digest,
     check_memory_order, ctl_name, validate_job_name,
 )
 from fastsac.shm_layout.launch_guard import _hold_launch_guard
@@ -76,7 +76,7 @@ LAUNCHER_DTYPE = _record([
     ("started_ns", "<i8"),         # time.monotonic_ns() at creation
 ], 64)
 
-# writer: learner
+# writer: learner i (one record per local learner; 128 bytes = 2 lines, never shared)
 LEARNER_DTYPE = _record([
     ("pid", "<i8"),
     ("state", "<i8"),              # ProcState
@@ -91,6 +91,8 @@ LEARNER_DTYPE = _record([
     ("ingest_env_steps_per_s", "<f8"),  # env steps ingested per second (last log window)
     ("waiting_mask", "<u8"),       # bit i: planned collector i has not attached yet (learner holds)
     ("start_env_steps", "<i8"),    # env steps at start (a resumed run: the checkpoint's); set before RUNNING
+    ("global_rank", "<i8"),        # its rank in the job's learner group (0 with one learner)
+    ("device", "S16"),             # its device, e.g. 'cuda:1' (text, for --status)
 ], 128)
 
 # Collector stats: cumulative; published under the record's stats_seq (see write_collector_stats).
@@ -121,7 +123,7 @@ COLLECTOR_DTYPE = _record([
 ], 192)
 _STATS_OFFSET = COLLECTOR_DTYPE.fields["episodes"][1]
 
-# writer: learner (the learner's view of collector i)
+# writer: the learner collector i belongs to (its view of collector i)
 INGEST_DTYPE = _record([
     ("ring_fill", "<i8"),          # slots used in ring i at the last status refresh
     ("policy_lag", "<i8"),         # max over the window of (snapshot version - version of an ingested slot)
@@ -157,7 +159,7 @@ SUPERVISOR_DTYPE = _record([
 # staleness scan reads the launcher's pid without this module.
 assert CTL_LAUNCHER + LAUNCHER_DTYPE.fields["launcher_pid"][1] == CTL_LAUNCHER_PID
 CTL_LEARNER = CTL_LAUNCHER + LAUNCHER_DTYPE.itemsize
-CTL_COLLECTORS = CTL_LEARNER + LEARNER_DTYPE.itemsize
+CTL_COLLECTORS = CTL_LEARNER + MAX_LEARNERS * LEARNER_DTYPE.itemsize
 CTL_INGEST = CTL_COLLECTORS + MAX_COLLECTORS * COLLECTOR_DTYPE.itemsize
 CTL_SUPERVISOR = CTL_INGEST + MAX_COLLECTORS * INGEST_DTYPE.itemsize
 CTL_JOB = CTL_SUPERVISOR + MAX_COLLECTORS * SUPERVISOR_DTYPE.itemsize
@@ -166,12 +168,13 @@ CTL_NBYTES = _align(CTL_JOB + JOB_DTYPE.itemsize, PAGE)
 _CTL_ROLES = ("launcher", "learner", "collector", "observer")
 
 
-def _ctl_info(job: str, num_collectors: int) -> SegmentInfo:
+def _ctl_info(job: str, num_collectors: int, num_learners: int) -> SegmentInfo:
     table = tuple((off, dt.descr) for off, dt in (
         (CTL_LAUNCHER, LAUNCHER_DTYPE), (CTL_LEARNER, LEARNER_DTYPE), (CTL_COLLECTORS, COLLECTOR_DTYPE),
         (CTL_INGEST, INGEST_DTYPE), (CTL_SUPERVISOR, SUPERVISOR_DTYPE), (CTL_JOB, JOB_DTYPE)))
     return SegmentInfo(SegmentKind.CTL, validate_job_name(job), -1,
-                       {"num_collectors": num_collectors, "max_collectors": MAX_COLLECTORS}, "float32",
+                       {"num_collectors": num_collectors, "max_collectors": MAX_COLLECTORS,
+                        "num_learners": num_learners}, "float32",
                        CTL_NBYTES, _digest(table))
 
 
@@ -214,17 +217,27 @@ class ControlBlock(_SegmentHandle):
 
     Roles decide what a handle may write (exactly one writer per field):
       launcher: ctl.launcher, ctl.supervisor(i)
-      learner:  ctl.learner, ctl.ingest(i)
+      learner (learner_index=L, ingest_ids=its collectors): ctl.learner_record(L), ctl.ingest(i) of
+                its collectors (all collectors when ingest_ids is None: the one-learner job)
       collector (collector_id=i): ctl.collector(i), write_collector_stats(i, ...)
       observer: nothing (monitoring tools, tests)
+    `ctl.learner` is the record of the handle's learner_index (a collector: the learner it belongs
+    to; launcher and observer: learner 0); `ctl.learner_record(L)` reads any learner's.
     """
 
-    def __init__(self, seg: _Segment, role: str, collector_id: int | None):
+    def __init__(self, seg: _Segment, role: str, collector_id: int | None, learner_index: int = 0,
+                 ingest_ids: Iterable[int] | None = None):
         self._seg, self.role, self.collector_id = seg, role, collector_id
+        self.learner_index = learner_index
         self._launch_guard: int | None = None   # the creating launcher's lock fd, see _hold_launch_guard
         self.job = seg.header_value("job")
         self.incarnation = int(seg.header["incarnation"])
         self.num_collectors = int(seg.header["params"][0])
+        self.num_learners = int(seg.header["params"][2])
+        if not 0 <= learner_index < self.num_learners:
+            raise ShmLayoutError(f"learner {learner_index} does not exist in job {self.job!r} "
+                                 f"(0..{self.num_learners - 1})")
+        owned = set(range(self.num_collectors) if ingest_ids is None else ingest_ids)
         u8 = seg.u8
 
         def arr(off, dt, n=None):
@@ -235,17 +248,20 @@ class ControlBlock(_SegmentHandle):
             return a[i:i + 1].reshape(())
 
         self._launcher = arr(CTL_LAUNCHER, LAUNCHER_DTYPE)
-        self._learner = arr(CTL_LEARNER, LEARNER_DTYPE)
+        self._learners = arr(CTL_LEARNER, LEARNER_DTYPE, MAX_LEARNERS)
         self._collectors = arr(CTL_COLLECTORS, COLLECTOR_DTYPE, MAX_COLLECTORS)
         self._ingest = arr(CTL_INGEST, INGEST_DTYPE, MAX_COLLECTORS)
         self._supervisor = arr(CTL_SUPERVISOR, SUPERVISOR_DTYPE, MAX_COLLECTORS)
         self.launcher = Record(self._launcher, role == "launcher", "ctl.launcher (writer: launcher)")
-        self.learner = Record(self._learner, role == "learner", "ctl.learner (writer: learner)")
+        self._lrn_rec = [Record(row(self._learners, i), role == "learner" and learner_index == i,
+                                f"ctl.learner_record({i}) (writer: learner {i})") for i in range(self.num_learners)]
+        self.learner = self._lrn_rec[learner_index]
         stat_names = [n for n, _ in STATS_FIELDS] + ["stats_seq"]
         self._col_rec = [Record(row(self._collectors, i), role == "collector" and collector_id == i,
                                 f"ctl.collector({i}) (writer: collector {i})", hidden=stat_names)
                          for i in range(self.num_collectors)]
-        self._ing_rec = [Record(row(self._ingest, i), role == "learner", f"ctl.ingest({i}) (writer: learner)")
+        self._ing_rec = [Record(row(self._ingest, i), role == "learner" and i in owned,
+                                f"ctl.ingest({i}) (writer: its learner)")
                          for i in range(self.num_collectors)]
         self._sup_rec = [Record(row(self._supervisor, i), role == "launcher", f"ctl.supervisor({i}) (writer: launcher)")
                          for i in range(self.num_collectors)]
@@ -258,7 +274,8 @@ class ControlBlock(_SegmentHandle):
     # ---- lifecycle
 
     @classmethod
-    def create(cls, job: str, num_collectors: int, settings: dict | None = None) -> "ControlBlock":
+    def create(cls, job: str, num_collectors: int, settings: dict | None = None,
+               num_learners: int = 1) -> "ControlBlock":
         """Launcher only: new job incarnation; holds the liveness lock until close/exit.
 
         `settings` (JSON-able) are what every process attaching to the job must agree on
@@ -281,7 +298,10 @@ class ControlBlock(_SegmentHandle):
         if isinstance(num_collectors, bool) or not isinstance(num_collectors, (int, np.integer)) \
                 or not 1 <= num_collectors <= MAX_COLLECTORS:
             raise ShmLayoutError(f"num_collectors {num_collectors!r} is not valid; expected 1..{MAX_COLLECTORS}")
-        info = _ctl_info(job, int(num_collectors))
+        if isinstance(num_learners, bool) or not isinstance(num_learners, (int, np.integer)) \
+                or not 1 <= num_learners <= MAX_LEARNERS:
+            raise ShmLayoutError(f"num_learners {num_learners!r} is not valid; expected 1..{MAX_LEARNERS}")
+        info = _ctl_info(job, int(num_collectors), int(num_learners))
         guard = _hold_launch_guard(job)
         try:
             if job_is_alive(job):
@@ -300,8 +320,12 @@ class ControlBlock(_SegmentHandle):
 
     @classmethod
     def attach(cls, job: str, role: str = "observer", collector_id: int | None = None,
-               num_collectors: int | None = None) -> "ControlBlock":
-        """Attach to a running job; num_collectors (from the config), when given, must match."""
+               num_collectors: int | None = None, learner_index: int = 0,
+               ingest_ids: Iterable[int] | None = None, num_learners: int | None = None) -> "ControlBlock":
+        """Attach to a running job; num_collectors / num_learners (from the config), when given, must match.
+
+        learner_index: a learner's own index, a collector's learner (which `ctl.learner` reads);
+        ingest_ids: the collectors whose ingest records a learner writes (None = all)."""
         check_memory_order()
         validate_job_name(job)
         if role not in _CTL_ROLES or role == "launcher":
@@ -310,8 +334,11 @@ class ControlBlock(_SegmentHandle):
         name = ctl_name(job)
         seg = _Segment.open_existing(name, f"no job {job!r} is running: segment {name} does not exist")
         try:
-            n = int(seg.header["params"][0]) if int(seg.header["magic"]) == MAGIC else 0
-            seg.validate(_ctl_info(job, n if num_collectors is None else num_collectors))
+            ready = int(seg.header["magic"]) == MAGIC
+            n = int(seg.header["params"][0]) if ready else 0
+            nl = int(seg.header["params"][2]) if ready else 0
+            seg.validate(_ctl_info(job, n if num_collectors is None else num_collectors,
+                                   nl if num_learners is None else num_learners))
             if not seg.locked_by_other(CTL_LAUNCHER_LOCK):
                 raise ShmLayoutError(f"job {job!r} is not running: its launcher (pid "
                                      f"{read_pid(seg.u8, CTL_LAUNCHER_PID)}) is gone and "
@@ -320,7 +347,7 @@ class ControlBlock(_SegmentHandle):
                 if collector_id is None or not 0 <= _check_collector_id(collector_id) < n:
                     raise ShmLayoutError(f"collector_id {collector_id!r} is not valid for job {job!r}: "
                                          f"it has {n} collectors (0..{n - 1})")
-            return cls(seg, role, collector_id)
+            return cls(seg, role, collector_id, learner_index, ingest_ids)
         except BaseException:
             seg.close()
             raise
@@ -329,9 +356,9 @@ class ControlBlock(_SegmentHandle):
         if self._launch_guard is not None:
             os.close(self._launch_guard)
             self._launch_guard = None
-        self._col_rec = self._ing_rec = self._sup_rec = self._stats = self._stats_seq = []
+        self._col_rec = self._ing_rec = self._sup_rec = self._lrn_rec = self._stats = self._stats_seq = []
         self.launcher = self.learner = None
-        self._launcher = self._learner = self._collectors = self._ingest = self._supervisor = None
+        self._launcher = self._learners = self._collectors = self._ingest = self._supervisor = None
         self._seg.close()
 
     def unlink(self, include_collectors: bool = True) -> list[str]:
@@ -363,8 +390,14 @@ class ControlBlock(_SegmentHandle):
         """Fields written by collector i (stats excluded: use read/write_collector_stats)."""
         return self._col_rec[self._cid(i)]
 
+    def learner_record(self, i: int) -> Record:
+        """Fields written by local learner i (ctl.learner is this handle's own learner's)."""
+        if not 0 <= i < self.num_learners:
+            raise ShmLayoutError(f"learner {i} does not exist in job {self.job!r} (0..{self.num_learners - 1})")
+        return self._lrn_rec[i]
+
     def ingest(self, i: int) -> Record:
-        """Fields the learner writes about collector i."""
+        """Fields the learner of collector i writes about it."""
         return self._ing_rec[self._cid(i)]
 
     def supervisor(self, i: int) -> Record:
@@ -436,6 +469,7 @@ class ControlBlock(_SegmentHandle):
         now = time.monotonic_ns() if now_ns is None else now_ns
         return [None if hb == 0 else (now - int(hb)) / 1e9 for hb in self._collectors["heartbeat_ns"][:self.num_collectors]]
 
-    def learner_heartbeat_age_s(self, now_ns: int | None = None) -> float | None:
-        hb = self.learner["heartbeat_ns"]
+    def learner_heartbeat_age_s(self, now_ns: int | None = None, index: int | None = None) -> float | None:
+        """Seconds since the last heartbeat of learner `index` (default: this handle's learner)."""
+        hb = (self.learner if index is None else self.learner_record(index))["heartbeat_ns"]
         return None if hb == 0 else ((time.monotonic_ns() if now_ns is None else now_ns) - hb) / 1e9

@@ -41,7 +41,7 @@ HEADER_DTYPE = np.dtype([
 assert HEADER_DTYPE.itemsize <= HEADER_NBYTES
 
 PARAM_NAMES: dict[SegmentKind, tuple[str, ...]] = {
-    SegmentKind.CTL: ("num_collectors", "max_collectors"),
+    SegmentKind.CTL: ("num_collectors", "max_collectors", "num_learners"),
     SegmentKind.RING: ("num_envs", "obs_dim", "critic_obs_dim", "act_dim", "capacity",
                        "slot_nbytes", "dense_nbytes"),
     SegmentKind.WTS: ("numel", "buffer_stride"),

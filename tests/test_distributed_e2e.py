@@ -1,0 +1,151 @@
+"""Learner groups end to end on this CPU box (gloo): several learners on one machine, two
+"machines" simulated by two launchers, a learner killed with SIGKILL, resume across learner
+counts. Plans, config checks and the status view: tests/test_learner_placement.py."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import _own_segments, _unlink_names, new_job_name
+from e2e_helpers import job_segments, launch, observe, scalar_tags, wait_for
+
+from fastsac.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+DIGEST = re.compile(r"learner rank (\d+): final actor digest ([0-9a-f]{8})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def job_name2():
+    """A second job name (the other simulated machine's), cleaned up like `job_name`."""
+    job = new_job_name()
+    yield job
+    _unlink_names(_own_segments(job + "."))
+
+
+def small(job: str, run_dir: Path, iterations: int = 16, **extra) -> list[str]:
+    """The quick-start config made small: 8 envs, tiny nets, a few seconds per job."""
+    o = {"job_name": job, "run_dir": run_dir, "device": "cpu", "env.num_envs": 8,
+         "trainer.num_iterations": iterations, "algo.actor_hidden_dim": 32, "algo.critic_hidden_dim": 32,
+         "algo.num_atoms": 21, "algo.batch_size": 64, "algo.buffer_size": 64, "algo.learning_starts": 2,
+         "trainer.async_options.collector_inference_device": "cpu", "trainer.async_options.ring_capacity": 4,
+         "logging.interval": 4, "logging.interval_s": 1.0, "distributed.timeout_s": 30,
+         "distributed.master_addr": "127.0.0.1", **extra}
+    return [f"{k}={v}" for k, v in o.items()]
+
+
+def digests(run_dir: Path) -> dict[int, str]:
+    out = {}
+    for log in sorted((run_dir / "logs").glob("learner*.log")):
+        for rank, digest in DIGEST.findall(log.read_text()):
+            out[int(rank)] = digest
+    return out
+
+
+def start(*overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(QUICKSTART), *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Every launcher's output once it exited; on a hang kill them all (the test fails)."""
+    deadline, outs = time.monotonic() + timeout, []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return outs
+
+
+def test_two_learners_train_one_model(tmp_path, job_name):
+    run = tmp_path / "run"
+    proc = launch(QUICKSTART, *small(job_name, run), "trainer.async_options.num_collectors=2",
+                  "distributed.num_learners=2", f"distributed.master_port={free_port()}", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    d = digests(run)
+    assert set(d) == {0, 1} and d[0] == d[1], d              # identical actors on both ranks
+    assert sorted(p.name for p in (run / "logs").iterdir()) == \
+        ["collector0.log", "collector1.log", "learner0.log", "learner1.log"]
+    ckpt = load_checkpoint(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1])
+    assert ckpt["env_steps"] == 16 * 8                        # the job's budget, not twice it
+    tags = scalar_tags(run)
+    assert {"perf/learn_pct_rank0", "perf/learn_pct_rank1", "perf/env_steps_per_s"} <= set(tags)
+    assert job_segments(job_name) == []
+
+
+def test_two_machines_simulated_by_two_launchers(tmp_path, job_name, job_name2):
+    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
+    procs = [start(*small(job, run), "distributed.nnodes=2", f"distributed.node_rank={rank}",
+                   f"distributed.master_port={port}") for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    outs = finish(procs, 180)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    d0, d1 = digests(runs[0]), digests(runs[1])
+    assert set(d0) == {0} and set(d1) == {1} and d0[0] == d1[1]
+    ckpt = load_checkpoint(sorted((runs[0] / "checkpoints").glob("ckpt_*.pt"))[-1])
+    assert ckpt["env_steps"] == 2 * 16 * 8                    # the sum over machines of num_iterations x num_envs
+    assert not (runs[1] / "checkpoints").exists() or not list((runs[1] / "checkpoints").glob("*.pt"))
+    assert not (runs[1] / "tb").exists()                       # rank 0 alone writes TensorBoard
+    assert job_segments(job_name) == job_segments(job_name2) == []
+
+
+def test_a_killed_learner_stops_both_machines_naming_its_rank(tmp_path, job_name, job_name2):
+    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
+    procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",
+                   f"distributed.master_port={port}", "distributed.timeout_s=15")
+             for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    try:
+        def running():
+            ctl = observe(job_name2)
+            if ctl is None:
+                return None
+            try:
+                rec = ctl.learner
+                return rec["pid"] if rec["state"] == 2 and rec["num_updates"] > 0 else None
+            finally:
+                ctl.close()
+        pid = wait_for(running, 120, "rank 1 to train")
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        outs = finish(procs, 90)
+    assert [p.returncode for p in procs] == [1, 1], outs
+    assert "learner rank 1 (cpu, node_rank 1) failed: exit code -9" in outs[1], outs[1]
+    assert re.search(r"learner rank\(s\) 1 \(node_rank 1\) stopped answering|learner rank 1", outs[0]), outs[0]
+    assert job_segments(job_name) == job_segments(job_name2) == []
+
+
+def test_resume_with_another_learner_count(tmp_path, job_name):
+    """Checkpoints carry no topology: 2 learners -> 1 learner -> 2 learners, one run."""
+    run, port = tmp_path / "run", free_port()
+    two = ["trainer.async_options.num_collectors=2", "distributed.num_learners=2", f"distributed.master_port={port}"]
+    assert launch(QUICKSTART, *small(job_name, run, iterations=8), *two, timeout=180).returncode == 0
+    first = load_checkpoint(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1])
+    proc = launch(QUICKSTART, *small(job_name, run, iterations=16), "resume=auto", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resume: loaded" in proc.stdout
+    second = load_checkpoint(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1])
+    proc = launch(QUICKSTART, *small(job_name, run, iterations=24), *two, "resume=auto", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    third = load_checkpoint(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1])
+    assert [c["env_steps"] for c in (first, second, third)] == [64, 128, 192]
+    assert first["run_id"] == second["run_id"] == third["run_id"]
+    assert third["agent"]["num_updates_done"] > second["agent"]["num_updates_done"] > first["agent"]["num_updates_done"] > 0
+    d = digests(run)
+    assert d[0] == d[1]

@@ -60,8 +60,9 @@ class GLBackend:
 # pulls Mesa's EGL), the GL entry points PyOpenGL loads (libopengl0) and Mesa's DRI drivers, whose
 # software rasterizer renders on a machine without a GPU (EGL finds no device without it). OSMesa:
 # one library, Mesa's software renderer.
+MESA_DRIVERS = "libgl1-mesa-dri"
 GL_BACKENDS: dict[str, GLBackend] = {
-    "egl": GLBackend("EGL", "EGL", ("libegl1", "libopengl0", "libgl1-mesa-dri")),
+    "egl": GLBackend("EGL", "EGL", ("libegl1", "libopengl0", MESA_DRIVERS)),
     "osmesa": GLBackend("OSMesa", "OSMesa", ("libosmesa6",)),
 }
 
@@ -156,8 +157,7 @@ def _probe(backend: str) -> str | None:
     """None when MuJoCo renders with this backend in a fresh process, else why not (one line)."""
     spec = GL_BACKENDS.get(backend)
     if spec is not None and ctypes.util.find_library(spec.library) is None:
-        return (f"lib{spec.library} not found (Debian: {' '.join(spec.packages)}; "
-                f"apt-get install -y --no-install-recommends {' '.join(spec.packages)})")
+        return f"lib{spec.library} not found (apt-get install -y --no-install-recommends {' '.join(spec.packages)})"
     env = {**os.environ, "MUJOCO_GL": backend}
     try:
         proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
@@ -168,8 +168,8 @@ def _probe(backend: str) -> str | None:
         return None
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
     reason = lines[-1] if lines else f"the test render exited with {proc.returncode}"
-    if spec is not None and backend == "egl" and "EGL device display" in reason:
-        reason += f" (on a machine without a GPU driver Mesa's software renderer is needed: {spec.packages[-1]})"
+    if backend == "egl" and "EGL device display" in reason:
+        reason += f" (without a GPU driver, EGL needs Mesa's software renderer: {MESA_DRIVERS})"
     return reason[:400]
 
 

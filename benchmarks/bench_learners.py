@@ -2,6 +2,7 @@
 
     python benchmarks/bench_learners.py                       # gloo on this machine's CPUs
     python benchmarks/bench_learners.py --device cuda --backend nccl   # 2+ GPUs: one learner per GPU
+    python benchmarks/bench_learners.py --e2e configs/quickstart.yaml  # whole jobs: 1 vs 2 learners
 
 Every measurement starts fresh learner processes (this script with --worker): 1 learner with no
 process group (today's code path, grad_sync None), or 2 learners joined in a LearnerGroup with
@@ -19,6 +20,15 @@ so machine noise hits both alike; per round:
 
 Networks and batch: synthetic batches (random observations/actions of --obs-dim/--act-dim),
 algo sizes from the flags; no envs, no replay buffer: only the update and its all-reduces.
+
+--e2e CONFIG: whole async jobs through the real CLI (fastsac-launch), the same config with the
+same --collectors (default 2) and env.num_envs, once with 1 learner and once with
+distributed.num_learners=2 (each learner then owns its collectors' envs), paired and
+interleaved per round; reads the job's perf/env_steps_per_s and perf/updates_per_s from
+TensorBoard (rank 0 logs the job's totals), each run's median over its log points without the
+first and last. One update of 2 learners trains on 2 x batch_size transitions; in strict
+utd_mode both do the same number of updates per env step. Extra key=value arguments go to
+every run.
 """
 from __future__ import annotations
 
@@ -104,6 +114,57 @@ def worker(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- end to end
+def run_job(args, learners: int, run_dir: Path, job: str) -> dict:
+    """One whole job through the CLI; steady medians of its perf scalars."""
+    cmd = [sys.executable, "-m", "fastsac.launcher", args.e2e, f"run_dir={run_dir}", f"job_name={job}",
+           "logging.console=false", f"logging.interval_s={args.log_interval_s}", "checkpoint.interval=0",
+           "trainer.asynchronous=true", f"trainer.async_options.num_collectors={args.collectors}",
+           f"trainer.num_iterations={args.iterations}", *args.overrides]
+    if learners > 1:
+        cmd += [f"distributed.num_learners={learners}", "distributed.master_addr=127.0.0.1",
+                f"distributed.master_port={free_port()}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    return {"env_steps_per_s": steady(tags.get("perf/env_steps_per_s", [])),
+            "updates_per_s": steady(tags.get("perf/updates_per_s", []))}
+
+
+def steady(values: list[float]) -> float:
+    """Median after dropping the first log point (start-up) and the last (the end)."""
+    core = values[1:-1] if len(values) > 3 else values
+    return statistics.median(core) if core else float("nan")
+
+
+def end_to_end(args) -> int:
+    import tempfile
+    print(f"# bench_learners --e2e {args.e2e}: {args.collectors} collectors, {args.iterations} iterations per job, "
+          f"overrides {args.overrides or '-'}; nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} at start")
+    print("# per job the median of its log points (every logging.interval_s) without the first and last; "
+          "2 learners: one update = 2 x batch_size transitions")
+    got: dict[int, list[dict]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory(prefix="fastsac_bench_learners_") as tmp:
+        for r in range(args.rounds):
+            order = (1, 2) if r % 2 == 0 else (2, 1)
+            res = {n: run_job(args, n, Path(tmp) / f"r{r}l{n}", f"benchl{os.getpid()}_{r}_{n}") for n in order}
+            for n in (1, 2):
+                got[n].append(res[n])
+            print(f"round {r + 1}  1 learner {res[1]['env_steps_per_s']:8.0f} env-steps/s "
+                  f"{res[1]['updates_per_s']:6.1f} updates/s   2 learners {res[2]['env_steps_per_s']:8.0f} env-steps/s "
+                  f"{res[2]['updates_per_s']:6.1f} updates/s", flush=True)
+    for key, what in (("env_steps_per_s", "env-steps/s"), ("updates_per_s", "updates/s")):
+        ratios = [b[key] / a[key] for a, b in zip(got[1], got[2])]
+        print(f"{what} 2 vs 1 learner(s): {spread(ratios)}x  (1: {spread([g[key] for g in got[1]], '{:.1f}')}, "
+              f"2: {spread([g[key] for g in got[2]], '{:.1f}')})")
+    print(f"# load average {os.getloadavg()[0]:.2f} at end")
+    return 0
+
+
 # ---------------------------------------------------------------------------- driver
 def free_port() -> int:
     with socket.socket() as s:
@@ -157,6 +218,11 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="cpu | cuda (learner r on cuda:r)")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--timeout", type=float, default=600.0, help="per measurement, seconds")
+    p.add_argument("--e2e", metavar="CONFIG", help="whole jobs through the CLI: 1 vs 2 learners")
+    p.add_argument("--collectors", type=int, default=2, help="--e2e: collectors per job")
+    p.add_argument("--iterations", type=int, default=1000, help="--e2e: trainer.num_iterations per job")
+    p.add_argument("--log-interval-s", type=float, default=1.0, help="--e2e: logging.interval_s")
+    p.add_argument("overrides", nargs="*", help="--e2e: key=value for every job")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
@@ -170,6 +236,13 @@ def main() -> int:
         p.error(f"--atoms: {args.atoms} (must be >= 2) / --warmup: {args.warmup} (must be >= 0)")
     if args.worker:
         return worker(args)
+    if args.e2e:
+        if args.collectors < 2 or args.iterations < 1 or args.log_interval_s <= 0:
+            p.error(f"--collectors: {args.collectors} (must be >= 2: one per learner) / --iterations: "
+                    f"{args.iterations} (>= 1) / --log-interval-s: {args.log_interval_s} (> 0)")
+        return end_to_end(args)
+    if args.overrides:
+        p.error(f"key=value overrides {args.overrides} only go with --e2e")
 
     load = os.getloadavg()[0]
     print(f"# bench_learners: device {args.device}, backend {args.backend}, nproc {os.cpu_count()} "

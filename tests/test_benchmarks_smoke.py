@@ -118,3 +118,14 @@ def test_bench_learners_measures_1_and_2_learners():
     assert any(line.startswith("round 1  1 learner ") and "samples/s ratio" in line for line in lines), out
     assert any(line.startswith("samples/s ratio 2 vs 1 learner(s): ") and "(bound 2.00x)" in line
                for line in lines), out
+
+
+def test_bench_learners_end_to_end_runs_jobs_with_1_and_2_learners():
+    out = run_benchmark("bench_learners.py", "--e2e", "configs/quickstart.yaml", "--rounds", "1", "--iterations", "30",
+                        "--log-interval-s", "0.5", "device=cpu", "env.num_envs=8", "algo.batch_size=32",
+                        "algo.critic_hidden_dim=16", "algo.actor_hidden_dim=16", "algo.learning_starts=2",
+                        "algo.buffer_size=64", timeout=300)
+    lines = out.splitlines()
+    assert any(line.startswith("round 1  1 learner ") and " 2 learners " in line for line in lines), out
+    for what in ("env-steps/s", "updates/s"):
+        assert any(line.startswith(f"{what} 2 vs 1 learner(s): ") for line in lines), out

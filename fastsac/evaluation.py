@@ -12,7 +12,8 @@ every env reset with the same eval seed at each evaluation, so successive evalua
 from the same states and differ only by the weights. The seed is `eval.seed`, or derived from
 the training seed by fastsac.evaluate.eval_seed: never one a training env uses.
 
-Torch-free (the launcher's plan and --status import the names here).
+Imports no torch itself (resolve_seed imports fastsac.evaluate, which does): the processes that
+evaluate bring their own.
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def line(result: dict) -> str:
     return (f"eval @ {result['env_steps']:,} env steps (weights v{result['weight_version']}): return mean "
             f"{result['mean_return']:.1f} min {result['min_return']:.1f} max {result['max_return']:.1f} | "
             f"length mean {result['mean_ep_len']:.1f} min {result['min_ep_len']} max {result['max_ep_len']} | "
-            f"{result['episodes']} episodes in {result['seconds']:.1f}s")
+            f"{result['episodes']} episodes in {result['seconds']:.2f}s")
 
 
 def next_due(env_steps: int, cfg) -> int:

@@ -120,6 +120,16 @@ def test_bench_learners_measures_1_and_2_learners():
                for line in lines), out
 
 
+def test_bench_eval_cost_pairs_eval_off_and_on():
+    out = run_benchmark("bench_eval_cost.py", "--smoke", timeout=300)
+    lines = out.splitlines()
+    rows = [line.split() for line in lines if line.startswith("1 ")]
+    assert rows and rows[0][1] == "off/on" and rows[0][4].endswith("x") and int(rows[0][-1]) >= 1, out
+    assert any(line.startswith("learner updates/s on/off: ") and "[" in line for line in lines), out
+    assert any(line.startswith("env steps/s on/off: ") for line in lines), out
+    assert not list(Path("/dev/shm").glob("fastsac.bev*")), "bench_eval_cost left segments behind"
+
+
 def test_bench_learners_end_to_end_runs_jobs_with_1_and_2_learners():
     out = run_benchmark("bench_learners.py", "--e2e", "configs/quickstart.yaml", "--rounds", "1", "--iterations", "30",
                         "--log-interval-s", "0.5", "device=cpu", "env.num_envs=8", "algo.batch_size=32",

@@ -173,6 +173,7 @@ def plan_text(*overrides: str, as_json: bool = False, config: str = "configs/qui
 def test_the_plan_has_an_evaluator_only_with_eval_on(tmp_path):
     path = tmp_path / "job.yaml"
     base = yaml.safe_load(open("configs/quickstart.yaml"))
+    base.pop("eval", None)
     plans = []
     for ev in (None, {"interval": 0, "cpus": 2, "episodes": 3, "num_envs": 4}):
         path.write_text(yaml.safe_dump(base if ev is None else {**base, "eval": ev}))

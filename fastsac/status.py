@@ -14,6 +14,8 @@ Where the numbers come from (see fastsac.shm_layout, ControlBlock):
   ctl.supervisor(i)  planned NUMA node, CPUs, restarts, the launcher's state of the slot
   ctl.ingest(i)      the learner's view: attached / dropped, policy lag, ring fill (slots used),
                      refreshed every 0.5 s
+  /fastsac.<job>.eval  the EVALUATOR line (eval.interval > 0): the evaluator's own channel, read
+                     as an observer too (fastsac.evaluator_supervision.status_line)
 
 env-steps/s is estimated here, not copied: each collector's env_steps counter (written every
 env step) is read twice, SAMPLE_S apart (in --watch: one redraw interval apart), and the

@@ -460,9 +460,8 @@ def _learners_cpus(topo: Topology, learner_nodes: list, nodes: list, slices: lis
 def _evaluator_cpus(cfg: Config, method: str, learner_cpus: tuple[int, ...], notes: list[str]):
     """(the evaluator's CPUs or None without one, the learner's CPUs after that). Bound: the last
     eval.cpus of the learner's CPUs, which the learner gives up while it keeps at least one;
-    otherwise it shares them (a note). Binding off: every allowed CPU, like every process.
-    A job on several machines evaluates on node_rank 0 only (its learner logs)."""
-    if cfg.eval.interval <= 0 or not cfg.trainer.asynchronous or cfg.distributed.node_rank > 0:
+    otherwise it shares them (a note). Binding off: every allowed CPU, like every process."""
+    if cfg.eval.interval <= 0 or not cfg.trainer.asynchronous:
         return None, learner_cpus
     if method == "off":
         return learner_cpus, learner_cpus

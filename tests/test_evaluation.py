@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from fastsac import shm_layout as shm
+from fastsac import evaluation
 from fastsac.config import config_from_dict
 from fastsac.evaluation import (
     pack_weights, quotas, resolve_seed, run_eval_episodes, snapshot_numel, unpack_tag,
@@ -53,7 +54,7 @@ def test_episodes_are_split_over_the_envs():
     assert sum(quotas(17, 4)) == 17 and max(quotas(17, 4)) - min(quotas(17, 4)) == 1
 
 
-def test_run_eval_episodes_plays_each_envs_share_and_is_deterministic():
+def test_run_eval_episodes_plays_each_envs_share_and_is_deterministic(monkeypatch):
     from fastsac.envs.registry import make_env
     env = make_env("pendulum", 2, seed=7)
     act = lambda obs: np.zeros((obs.shape[0], 1), np.float32)   # noqa: E731
@@ -64,8 +65,10 @@ def test_run_eval_episodes_plays_each_envs_share_and_is_deterministic():
     assert np.array_equal(returns, again)
     other, _ = run_eval_episodes(act, env, 8, 5)
     assert not np.array_equal(returns, other)
-    stopped = run_eval_episodes(act, env, 7, 5, on_step=lambda: False)
-    assert stopped is None or len(stopped[0]) == 5       # a stop abandons it (unless it ended first)
+    calls = []
+    monkeypatch.setattr(evaluation, "STEP_CALLBACK_S", 0.0)   # the callback after every step
+    assert run_eval_episodes(act, env, 7, 5, on_step=lambda: calls.append(1) or len(calls) < 3) is None
+    assert len(calls) == 3                                   # a stop abandons the evaluation at once
     env.close()
 
 

@@ -149,3 +149,43 @@ def test_resume_with_another_learner_count(tmp_path, job_name):
     assert third["agent"]["num_updates_done"] > second["agent"]["num_updates_done"] > first["agent"]["num_updates_done"] > 0
     d = digests(run)
     assert d[0] == d[1]
+
+
+def test_a_rank_waiting_for_rank_0s_slow_checkpoint_is_not_taken_for_hung(tmp_path, job_name):
+    # tests/fault_hooks: every save blocks 4 s; heartbeat_timeout_s is 2.5 s. Rank 1 waits in its
+    # next collective while rank 0 writes the periodic checkpoint: its heartbeat must stay fresh.
+    hooks = REPO / "tests" / "fault_hooks"
+    env = dict(os.environ, FASTSAC_TEST_SLOW_SAVE_S="4",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])))
+    run = tmp_path / "run"
+    proc = launch(QUICKSTART, *small(job_name, run, iterations=24), "trainer.async_options.num_collectors=2",
+                  "distributed.num_learners=2", f"distributed.master_port={free_port()}", "checkpoint.interval=8",
+                  "trainer.async_options.heartbeat_timeout_s=2.5", timeout=180, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "hung" not in proc.stdout
+    saved = sorted(int(p.stem.split("_")[-1]) for p in (run / "checkpoints").glob("ckpt_*.pt"))
+    assert saved[0] < 24 * 8 and saved[-1] == 24 * 8, saved   # a periodic save ran while the job did
+    assert job_segments(job_name) == []
+
+
+def test_sigterm_on_one_machine_stops_every_machine_gracefully(tmp_path, job_name, job_name2):
+    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
+    procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",
+                   f"distributed.master_port={port}") for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    try:
+        def trained():
+            ctl = observe(job_name)
+            if ctl is None:
+                return False
+            try:
+                return ctl.learner["num_updates"] > 0
+            finally:
+                ctl.close()
+        wait_for(trained, 120, "the group to train")
+        os.kill(procs[1].pid, signal.SIGTERM)          # machine 1's launcher only
+    finally:
+        outs = finish(procs, 90)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "another learner of the group stopped" in outs[0] and "final checkpoint" in outs[0]
+    assert list((runs[0] / "checkpoints").glob("ckpt_*.pt"))
+    assert job_segments(job_name) == job_segments(job_name2) == []

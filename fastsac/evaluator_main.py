@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 class Evaluator:
     def __init__(self, ctx):
+        # imported here, not at the top: process_setup.start binds this process before torch is loaded
         import numpy as np
 
         from fastsac import shm_layout as shm
@@ -47,8 +48,8 @@ class Evaluator:
         from fastsac.algo.policy_layout import policy_flat_numel
         from fastsac.evaluation import make_eval_env, resolve_seed, snapshot_numel
         from fastsac.job_settings import check_against_job
-        self.shm, cfg = shm, ctx.cfg
-        self.cfg = cfg
+        self.shm, self.cfg = shm, ctx.cfg
+        cfg = self.cfg
         self.ctl = shm.ControlBlock.attach(cfg.job_name, role="observer")
         self.channel = self.snapshot = self.env = None
         # Before touching anything shared: an evaluator started with another config is refused.

@@ -159,3 +159,19 @@ def test_status_shows_every_learner_with_rank_device_and_collectors(job_name):
             h.close()
         ctl.unlink()
         ctl.close()
+
+
+def test_a_process_with_another_collector_to_learner_mapping_is_refused(job_name, tmp_path):
+    from fastsac.job_settings import check_against_job
+    topo = discover_topology(two_nodes(tmp_path / "sys", gpu_node=None))
+    job_cfg = cfg(num_collectors=2, dist={"num_learners": 2}, numa_binding="off")
+    job_plan = plan(job_cfg, topo)
+    ctl = shm.ControlBlock.create(job_name, 2, job_settings(job_cfg, job_plan), num_learners=2)
+    try:
+        check_against_job(ctl, job_cfg, job_plan, "collector 1")   # the job's own mapping: accepted
+        other = cfg(num_collectors=2, dist={"num_learners": 2, "collector_learners": [1, 0]}, numa_binding="off")
+        with pytest.raises(ConfigError, match=r"learner per collector: \[0, 1\] in the running job, \[1, 0\] here"):
+            check_against_job(ctl, other, plan(other, topo), "collector 1")
+    finally:
+        ctl.unlink()
+        ctl.close()

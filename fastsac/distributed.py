@@ -43,6 +43,12 @@ STALE_AFTER_S = 2.0        # a beat unchanged for this long (4 beats) names its 
 BEACON_STORE_TIMEOUT_S = 5.0  # the beacon's own store client: a dead store fails its ops within this
 
 
+# The flat all-gather: torch 2.13 renamed all_gather_into_tensor to all_gather_single and warns on
+# the old name (once per process, into every learner log); torch >= 2.2 is supported, so take
+# whichever this torch has.
+_ALL_GATHER_FLAT = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class DistributedError(RuntimeError):
     """A learner-group failure; the message names the failed rank(s) and what failed, ready to log."""
 
@@ -241,7 +247,7 @@ class LearnerGroup:
         t = t.to(self.comm_device).contiguous()
         # the flat [world * numel] output form: gloo accepts only that one, NCCL both
         out = torch.empty(self.world_size * t.numel(), dtype=t.dtype, device=self.comm_device)
-        self._run(what, lambda: dist.all_gather_into_tensor(out, t))
+        self._run(what, lambda: _ALL_GATHER_FLAT(out, t))
         return out.view(self.world_size, *t.shape)
 
     # ------------------------------------------------------------------ the agent

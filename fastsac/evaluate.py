@@ -28,21 +28,10 @@ from fastsac import video
 from fastsac.checkpoint import CheckpointError
 from fastsac.config import SEED_MAX
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from fastsac.evaluation import eval_seed
 from fastsac.export import UsageParser, load_for_env
 
 DEFAULT_EPISODES = 10
-_EVAL_SEED_TAG = 0x6576616C   # "eval": keys the derived seed apart from every other use of the job's seed
-
-
-def eval_seed(train_seed: int, num_collectors: int) -> int:
-    """A seed derived from the training seed, never one a collector of the job used (seed + i)."""
-    used = {train_seed + i for i in range(max(1, num_collectors))}
-    tag = _EVAL_SEED_TAG
-    while True:
-        seed = int(np.random.SeedSequence([train_seed, tag]).generate_state(1, np.uint32)[0])
-        if seed not in used:
-            return seed
-        tag += 1
 
 
 def run_episodes(actor: torch.nn.Module, env, seed: int,

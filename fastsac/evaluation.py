@@ -10,10 +10,10 @@ Episodes: `eval.episodes` split over `eval.num_envs` envs (env j plays episodes 
 the first episodes % n envs one more; never more envs than episodes), all stepped together,
 every env reset with the same eval seed at each evaluation, so successive evaluations start
 from the same states and differ only by the weights. The seed is `eval.seed`, or derived from
-the training seed by fastsac.evaluate.eval_seed: never one a training env uses.
+the training seed by eval_seed: never one a training env uses.
 
-Imports no torch itself (resolve_seed imports fastsac.evaluate, which does): the processes that
-evaluate bring their own.
+Torch-free (numpy only): the plan shows the eval seed, and the processes that evaluate bring
+their own torch.
 """
 from __future__ import annotations
 
@@ -56,11 +56,24 @@ def quotas(episodes: int, num_envs: int) -> list[int]:
     return [base + (1 if j < extra else 0) for j in range(n)]
 
 
+_EVAL_SEED_TAG = 0x6576616C   # "eval": keys the derived seed apart from every other use of the job's seed
+
+
+def eval_seed(train_seed: int, num_collectors: int) -> int:
+    """A seed derived from the training seed, never one a collector of the job used (seed + i)."""
+    used = {train_seed + i for i in range(max(1, num_collectors))}
+    tag = _EVAL_SEED_TAG
+    while True:
+        seed = int(np.random.SeedSequence([train_seed, tag]).generate_state(1, np.uint32)[0])
+        if seed not in used:
+            return seed
+        tag += 1
+
+
 def resolve_seed(cfg) -> int:
     """eval.seed, or the seed derived from the training seed (none a training env uses)."""
     if cfg.eval.seed >= 0:
         return cfg.eval.seed
-    from fastsac.evaluate import eval_seed   # torch: only the processes that evaluate import it
     return eval_seed(cfg.seed, cfg.trainer.async_options.num_collectors)
 
 

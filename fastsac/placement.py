@@ -44,6 +44,7 @@ from typing import Literal, Sequence
 from fastsac import learner_placement as lp
 from fastsac.binding import thread_env
 from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
+from fastsac.evaluation import resolve_seed as resolve_eval_seed
 from fastsac.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
@@ -413,7 +414,7 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                     env=env_for(learner_cpu_sets[k]))
         for k, rank in enumerate(lp.ranks(cfg)))
     evaluator = None if evaluator_cpus is None else ProcessPlan(
-        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=cfg.eval.seed,
+        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=resolve_eval_seed(cfg),
         argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), env=env_for(evaluator_cpus))
     manual = set(ao.manual_collectors)
     collectors = tuple(
@@ -504,7 +505,7 @@ def format_plan(plan: JobPlan) -> str:
     for p in plan.processes:
         rows.append((p.name + (" (manual)" if isinstance(p, CollectorPlan) and p.manual else ""),
                      "-" if p.node is None else str(p.node), p.cpulist or "-", _env_range(p),
-                     "derived" if p.seed < 0 else str(p.seed),
+                     str(p.seed),
                      p.device, p.env_dict.get("OMP_NUM_THREADS", "-"), p.binding))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [head, plan.topology.describe(), ""]

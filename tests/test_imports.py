@@ -159,7 +159,8 @@ def test_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path):
 
 # Modules the launcher, --plan and the NUMA checks import: they must not pay for torch.
 TORCH_FREE = ["fastsac.shm_layout", "fastsac.launcher", "fastsac.topology", "fastsac.placement",
-              "fastsac.config", "fastsac.procs", "fastsac.errors", "fastsac.distributed_ranks"]
+              "fastsac.config", "fastsac.procs", "fastsac.errors", "fastsac.distributed_ranks",
+              "fastsac.evaluation"]
 
 _IMPORT_WITHOUT_TORCH = """
 import importlib, sys

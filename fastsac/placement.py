@@ -44,7 +44,6 @@ from typing import Literal, Sequence
 from fastsac import learner_placement as lp
 from fastsac.binding import thread_env
 from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
-from fastsac.evaluation import resolve_seed as resolve_eval_seed
 from fastsac.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
@@ -414,7 +413,7 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                     env=env_for(learner_cpu_sets[k]))
         for k, rank in enumerate(lp.ranks(cfg)))
     evaluator = None if evaluator_cpus is None else ProcessPlan(
-        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=resolve_eval_seed(cfg),
+        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=_eval_seed(cfg),
         argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), env=env_for(evaluator_cpus))
     manual = set(ao.manual_collectors)
     collectors = tuple(
@@ -432,6 +431,12 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                    placement=placement, numactl=numactl if method == "numactl" else None,
                    config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator,
                    world_size=lp.world_size(cfg))
+
+
+def _eval_seed(cfg: Config) -> int:
+    # numpy derives it: imported only for a plan with an evaluator (binding's imports stay numpy-free)
+    from fastsac.evaluation import resolve_seed
+    return resolve_seed(cfg)
 
 
 def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: list[str]) -> tuple[int, ...]:

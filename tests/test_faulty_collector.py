@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -25,10 +26,20 @@ def test_a_corrupted_ring_drops_and_restarts_its_collector_not_the_job(tmp_path,
         ctl = wait_for(lambda: observe(job_name), 120, "the job's control block")
         try:
             wait_for(lambda: ctl.ingest(0)["ingested_slots"] > 5, 120, "the learner to ingest")
+            # The collector stores its own cursor at every commit: one stray write can be overwritten
+            # before the learner reads it. Repeat it until the learner drops the collector; the
+            # mapping stays on this ring's file, so a replaced ring (the next incarnation's) is never hit.
             ring = np.memmap(f"/dev/shm/fastsac.{job_name}.c0.ring", np.int64, "r+")
-            ring[shm.RING_WRITE_CURSOR // 8] += 1000     # what the adversarial probe did
-            del ring
-            wait_for(lambda: ctl.ingest(0)["faults"] == 1, 60, "the learner to drop collector 0")
+
+            def corrupted_and_dropped() -> bool:
+                if ctl.ingest(0)["faults"] >= 1:
+                    return True
+                ring[shm.RING_WRITE_CURSOR // 8] += 1000     # what the adversarial probe did
+                time.sleep(0.2)
+                return False
+
+            wait_for(corrupted_and_dropped, 60, "the learner to drop collector 0")
+            assert ctl.ingest(0)["faults"] == 1
             wait_for(lambda: "collector 0: re-attached" in log.read_text(), 120, "collector 0 to come back")
             after = ctl.ingest(0)["ingested_slots"]
             wait_for(lambda: ctl.ingest(0)["ingested_slots"] > after + 5, 60, "ingestion from the new incarnation")

@@ -106,7 +106,7 @@ def check_end_to_end(device: torch.device, quick: bool) -> bool:
     with tempfile.TemporaryDirectory(prefix="fastsac_gpu_check_") as tmp:
         cmd = [sys.executable, "-m", "fastsac.launcher", str(REPO / "configs" / "quickstart.yaml"),
                f"device={device}", "trainer.async_options.collector_inference_device=auto",
-               f"trainer.num_iterations={200 if quick else 1500}", f"run_dir={tmp}/run",
+               f"trainer.num_iterations={50 if quick else 1500}", f"run_dir={tmp}/run",
                f"job_name=gpucheck{os.getpid()}", "logging.interval_s=1"]   # unique: a concurrent smoke test
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

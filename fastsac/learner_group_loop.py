@@ -33,7 +33,7 @@ import torch
 from fastsac import run_state
 from fastsac import shm_layout as shm
 from fastsac.distributed import DistributedError, LearnerGroup
-from fastsac.learner_loop import ATTACH_RETRY_S, WAIT_REPORT_S, Learner
+from fastsac.learner_loop import ATTACH_RETRY_S, Learner
 from fastsac.learner_telemetry import LearnerTelemetry
 from fastsac.process_setup import log
 
@@ -221,18 +221,7 @@ class GroupLearner(Learner):
         start = last_report = time.monotonic()
         while True:
             local = self._local_stop()
-            self.beat()
-            self.attach_collectors()
-            missing = self.waiting_for()
-            self.ctl.learner["waiting_mask"] = sum(1 << f.cid for f in missing)
-            self.telemetry.refresh_status()
-            now = time.monotonic()
-            if missing and (now - last_report >= WAIT_REPORT_S or last_report == start):
-                last_report = now + (1e-9 if last_report == start else 0.0)
-                for f in missing:
-                    c = self.plan.collectors[f.cid]
-                    how = f"start it by hand: {c.command}" if c.manual else "the launcher starts it"
-                    log(ROLE, f"waiting for collector {f.cid} ({how})")
+            missing, now, last_report = self.attach_round(start, last_report)
             late = bool(missing) and now - start > self.ao.collector_wait_s
             with self.beat_blocked():
                 sums, maxes = self.group.exchange({"missing": len(missing)},

@@ -180,6 +180,23 @@ class Learner:
     def waiting_for(self) -> list[CollectorFeed]:
         return [f for f in self.feeds if not f.attached_once]
 
+    def attach_round(self, start: float, last_report: float) -> tuple[list[CollectorFeed], float, float]:
+        """One round of waiting: beat, attach who appeared, publish the waiting mask and status, and
+        name the missing collectors now and then. (missing, now, last_report)."""
+        self.beat()
+        self.attach_collectors()
+        missing = self.waiting_for()
+        self.ctl.learner["waiting_mask"] = sum(1 << f.cid for f in missing)
+        self.telemetry.refresh_status()
+        now = time.monotonic()
+        if missing and (now - last_report >= WAIT_REPORT_S or last_report == start):
+            last_report = now + (1e-9 if last_report == start else 0.0)
+            for f in missing:
+                c = self.plan.collectors[f.cid]
+                how = f"start it by hand: {c.command}" if c.manual else "the launcher starts it"
+                log(ROLE, f"waiting for collector {f.cid} ({how})")
+        return missing, now, last_report
+
     def wait_for_collectors(self, stop: dict) -> str | None:
         """Hold the job until every planned collector (manual ones included) attached once.
 
@@ -191,18 +208,7 @@ class Learner:
             reason = self.stop_reason(stop)
             if reason:
                 return reason
-            self.beat()
-            self.attach_collectors()
-            missing = self.waiting_for()
-            self.ctl.learner["waiting_mask"] = sum(1 << f.cid for f in missing)
-            self.telemetry.refresh_status()
-            now = time.monotonic()
-            if missing and (now - last_report >= WAIT_REPORT_S or last_report == start):
-                last_report = now + (1e-9 if last_report == start else 0.0)
-                for f in missing:
-                    c = self.plan.collectors[f.cid]
-                    how = f"start it by hand: {c.command}" if c.manual else "the launcher starts it"
-                    log(ROLE, f"waiting for collector {f.cid} ({how})")
+            missing, now, last_report = self.attach_round(start, last_report)
             if missing and now - start > self.ao.collector_wait_s:
                 ids = ", ".join(str(f.cid) for f in missing)
                 self.exit_code = 1

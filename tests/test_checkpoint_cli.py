@@ -7,12 +7,11 @@ synchronous trainer) by tests/fault_hooks/sitecustomize.py (FASTSAC_TEST_SAVE_FA
 from __future__ import annotations
 
 import os
-import struct
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from checkpoint_bytes import flip_tensor_bytes
 from e2e_helpers import job_segments, launch, tiny_config
 from fastsac.checkpoint import CheckpointError, load_checkpoint
 
@@ -83,25 +82,12 @@ def test_fresh_run_into_a_run_dir_with_another_runs_checkpoints_is_refused(tmp_p
     assert job_segments(job_name) == []
 
 
-def _flip_4_bytes_of_the_largest_tensor(path: Path) -> None:
-    with zipfile.ZipFile(path) as z:
-        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    with open(path, "r+b") as f:
-        f.seek(info.header_offset)
-        name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
-        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
-        f.seek(at)
-        word = f.read(4)
-        f.seek(at)
-        f.write(bytes(b ^ 0xFF for b in word))
-
-
 def test_resume_auto_reports_a_corrupt_checkpoint_and_falls_back_without_a_crash_loop(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 12})
     assert launch(cfg).returncode == 0                      # periodic at 48 env steps, final at 96
     run = tmp_path / "run"
     (older, _), (newest, _) = by_write_order(run)
-    _flip_4_bytes_of_the_largest_tensor(newest)
+    flip_tensor_bytes(newest, 4)
     corrupt = newest.read_bytes()
     proc = launch(cfg, "trainer.asynchronous=true", "trainer.num_iterations=18", "resume=auto")
     out = output(proc, run)

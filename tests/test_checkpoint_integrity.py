@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from checkpoint_bytes import tensor_records
 from fastsac import checkpoint as ck
 from fastsac import run_state
 from fastsac.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid_checkpoint
@@ -47,18 +46,6 @@ def start(run: Path, *overrides: str, log=None):
 
 def ckpts(run: Path) -> list[Path]:
     return sorted(checkpoint_dir(run).glob("ckpt_*.pt"))
-
-
-def tensor_records(path: Path) -> list[tuple[int, int]]:
-    """(file offset, size) of every tensor storage in a torch zip checkpoint, largest first."""
-    out = []
-    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
-        for info in z.infolist():
-            if "/data/" in info.filename and info.file_size > 0:
-                f.seek(info.header_offset)
-                name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
-                out.append((info.header_offset + 30 + name_len + extra_len, info.file_size))
-    return sorted(out, key=lambda r: -r[1])
 
 
 def overwrite(path: Path, offset: int, data: bytes) -> None:

@@ -7,15 +7,14 @@ of every counted episode and changes nothing.
 from __future__ import annotations
 
 import re
-import struct
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from checkpoint_bytes import flip_tensor_bytes
 from conftest import new_job_name
 from e2e_helpers import launch, newest_checkpoint, tiny_config
 
@@ -30,21 +29,6 @@ def evaluate(*args: str) -> subprocess.CompletedProcess:
 
 def stats(out: str) -> dict[str, tuple[float, float, float]]:
     return {m[1]: (float(m[2]), float(m[3]), float(m[4])) for m in _LINE.finditer(out)}
-
-
-def flip_a_tensor_byte(path: Path) -> None:
-    """Corrupt the middle byte of the largest tensor storage of a torch zip checkpoint (a byte at a
-    fixed file offset may land in the zip's alignment padding, which no checksum covers)."""
-    with zipfile.ZipFile(path) as z:
-        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    with open(path, "r+b") as f:
-        f.seek(info.header_offset)
-        name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
-        offset = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 0xFF]))
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +102,7 @@ def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
     bad = tmp_path / "bad.pt"
     bad.write_bytes(sync_checkpoint.read_bytes())
-    flip_a_tensor_byte(bad)
+    flip_tensor_bytes(bad)
     proc = evaluate(str(bad))
     assert proc.returncode == 2 and "corrupt" in proc.stderr and "bad.pt" in proc.stderr, proc.stderr
     proc = evaluate(str(sync_checkpoint), "--video")

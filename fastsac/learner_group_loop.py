@@ -30,7 +30,6 @@ import zlib
 
 import torch
 
-from fastsac import run_state
 from fastsac import shm_layout as shm
 from fastsac.distributed import DistributedError, LearnerGroup
 from fastsac.learner_loop import ATTACH_RETRY_S, Learner
@@ -264,12 +263,7 @@ class GroupLearner(Learner):
         log(ROLE, f"error: the learner group failed: {exc}")
         self.exit_code = 1
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)
-        if self.writes_checkpoints:
-            try:
-                path = run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
-                log(ROLE, f"final checkpoint {path} at env step {self.env_steps:,}")
-            except run_state.CheckpointSaveError as err:
-                log(ROLE, f"error: the final checkpoint failed too: {err}")
+        self.final_checkpoint("the learner group failed")   # rank 0 only; the exit code is 1 either way
         self.ctl.learner["state"] = int(shm.ProcState.FAILED)
         return 1
 

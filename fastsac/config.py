@@ -166,7 +166,7 @@ class EvalConfig:
 class DistributedConfig:
     """Data-parallel learners on torch.distributed (fastsac.distributed). The defaults are one
     learner on one machine: no process group at all."""
-    num_learners: int = _f(1, min=1, max=64, help="learner processes on this machine (one per GPU)")
+    num_learners: int = _f(1, min=1, help="learner processes on this machine (one per GPU; at most num_collectors)")
     learner_devices: list[str] = _f(default_factory=list,
                                     help="device per learner; [] = the first num_learners GPUs, or cpu without GPUs")
     collector_learners: list[int] = _f(default_factory=list,

@@ -21,7 +21,9 @@ HEADER_NBYTES = 512          # reserved for the common header; control lines sta
 DATA_OFFSET = PAGE           # bulk data (slots, weight buffers) starts page-aligned
 MAX_COLLECTORS = 64
 EVALUATOR_ID = -2            # the evaluator's weight snapshot: a WTS segment of no collector (/fastsac.J.eval.wts)
-MAX_LEARNERS = 64           # learner records in the control block (distributed.num_learners' maximum)
+# learner records in the control block: every learner has a collector of its own, so never more
+# learners than collectors (config.py checks num_learners <= num_collectors, the plan the collector maximum)
+MAX_LEARNERS = MAX_COLLECTORS
 UNSAFE_ENV = "FASTSAC_UNSAFE_MEMORY_ORDER"
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 

@@ -19,7 +19,6 @@ writable directory, a task that cannot be rendered, no working headless OpenGL; 
 from __future__ import annotations
 
 import sys
-from typing import Callable
 
 import numpy as np
 import torch
@@ -28,37 +27,18 @@ from fastsac import video
 from fastsac.checkpoint import CheckpointError
 from fastsac.config import SEED_MAX
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
-from fastsac.evaluation import eval_seed
+from fastsac.evaluation import eval_seed, run_eval_episodes
 from fastsac.export import UsageParser, load_for_env
 
 DEFAULT_EPISODES = 10
 
 
-def run_episodes(actor: torch.nn.Module, env, seed: int,
-                 before_step: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One episode in each of env's envs (their first after reset(seed)); (returns, lengths).
-
-    before_step(running) is called before every step with the mask of the envs whose counted
-    episode is still running (e.g. to film the state an env acts in)."""
-    n = env.num_envs
-    obs, _ = env.reset(seed)
-    returns, lengths = np.zeros(n, np.float64), np.zeros(n, np.int64)
-    running = np.ones(n, bool)
-    for _ in range(env.max_episode_steps):
-        if before_step is not None:
-            before_step(running)
+def deterministic_actions(actor: torch.nn.Module):
+    """The exported actor (raw observation in, env action out) as act(obs) -> actions, numpy."""
+    def act(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            actions = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-        res = env.step(actions)
-        # envs that already finished keep stepping (auto-reset); their later episodes are not counted
-        returns[running] += res.reward[running]
-        lengths[running] += 1
-        running &= ~(res.terminated | res.truncated)
-        if not running.any():
-            return returns, lengths
-        obs = res.obs
-    raise RuntimeError(f"{int(running.sum())} of {n} episodes did not end within the env's max_episode_steps "
-                       f"({env.max_episode_steps}): the env does not truncate at its time limit")
+            return actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+    return act
 
 
 def build_parser():
@@ -106,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
           f"seed {seed}{'' if args.seed is not None else ' (derived from training seed ' + str(cfg.seed) + ')'}",
           flush=True)
     try:
-        returns, lengths = run_episodes(policy.actor, env, seed, recorder.before_step if recorder else None)
+        returns, lengths = run_eval_episodes(deterministic_actions(policy.actor), env, seed, args.episodes,
+                                             before_step=recorder.before_step if recorder else None)
         frames = recorder.finish() if recorder else 0
     except (RuntimeError, OSError) as exc:   # OSError: the encoder (ffmpeg) failed, e.g. a full disk
         print(f"fastsac-eval: error: {exc}", file=sys.stderr)

@@ -86,9 +86,12 @@ def make_eval_env(cfg, num_threads: int = 1):
 
 
 def run_eval_episodes(act: Callable[[np.ndarray], np.ndarray], env, seed: int, episodes: int,
-                      on_step: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """Play `episodes` episodes split over env's envs; (returns, lengths), or None when on_step
-    (called about every STEP_CALLBACK_S) returned False (a stop: the evaluation is abandoned)."""
+                      on_step: Callable[[], bool] | None = None,
+                      before_step: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Play `episodes` episodes split over env's envs; (returns, lengths) in env order (env 0's
+    episodes first), or None when on_step (called about every STEP_CALLBACK_S) returned False (a
+    stop: the evaluation is abandoned). before_step(counting), if given, runs before every step
+    with the mask of the envs whose episodes are still counted (fastsac-eval --video films with it)."""
     want = np.array(quotas(episodes, env.num_envs), np.int64)
     if len(want) != env.num_envs:
         raise ValueError(f"{env.num_envs} eval envs for {episodes} episodes: build the env with make_eval_env")
@@ -96,22 +99,24 @@ def run_eval_episodes(act: Callable[[np.ndarray], np.ndarray], env, seed: int, e
     n = env.num_envs
     ret, length = np.zeros(n, np.float64), np.zeros(n, np.int64)
     done = np.zeros(n, np.int64)
-    returns, lengths = [], []
+    ended = []   # (env, return, length) of every counted episode
     # envs auto-reset: each env's episodes follow one another; a finished env's later ones are not counted
     limit = int(want.max()) * env.max_episode_steps + 1
     last_cb = time.monotonic()
     for _ in range(limit):
+        if before_step is not None:
+            before_step(done < want)
         res = env.step(act(obs))
         ret += res.reward
         length += 1
         for j in np.flatnonzero(res.terminated | res.truncated):
             if done[j] < want[j]:
-                returns.append(ret[j])
-                lengths.append(length[j])
+                ended.append((j, ret[j], length[j]))
                 done[j] += 1
             ret[j], length[j] = 0.0, 0
         if (done >= want).all():
-            return np.array(returns), np.array(lengths)
+            ended.sort(key=lambda e: e[0])   # stable: each env's episodes stay in order
+            return np.array([e[1] for e in ended]), np.array([e[2] for e in ended], np.int64)
         obs = res.obs
         if on_step is not None and time.monotonic() - last_cb >= STEP_CALLBACK_S:
             last_cb = time.monotonic()

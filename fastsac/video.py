@@ -310,7 +310,7 @@ def frame_source(env, env_name: str, gl: GLChoice):
 class VideoRecorder:
     """Streams frames of env RECORDED_ENV to an mp4 while its counted episode runs.
 
-    `before_step` is run_episodes' hook; `finish()` closes the encoder and moves the file into
+    `before_step` is run_eval_episodes' hook; `finish()` closes the encoder and moves the file into
     place; `close()` (always call it) removes the temp file of an unfinished video."""
 
     def __init__(self, source, out: Path):

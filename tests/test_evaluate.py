@@ -1,7 +1,7 @@
 """fastsac-eval through its CLI on checkpoints of tiny real pendulum runs (sync and async: the same
 format): deterministic episodes on fresh envs, reproducible per seed, and exit 2 with a clear
 message for a missing or corrupt checkpoint, an env of other dimensions and --video without its
-file (the videos themselves: tests/test_video.py); run_episodes' before_step hook sees every step
+file (the videos themselves: tests/test_video.py); run_eval_episodes' before_step hook sees every step
 of every counted episode and changes nothing.
 """
 from __future__ import annotations
@@ -119,11 +119,15 @@ def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
 
 
 def test_before_step_sees_each_counted_step_and_changes_nothing():
-    """run_episodes' hook (fastsac-eval --video films with it) is called before every step with the
-    mask of the episodes still counted: env i is marked running exactly lengths[i] times."""
+    """run_eval_episodes' hook (fastsac-eval --video films with it) is called before every step with
+    the mask of the episodes still counted: env i is marked running exactly lengths[i] times."""
     import torch
     from fastsac.envs.registry import make_env
-    from fastsac.evaluate import run_episodes
+    from fastsac.evaluate import deterministic_actions
+    from fastsac.evaluation import run_eval_episodes
+
+    def run_episodes(actor, env, seed, before_step=None):   # one episode per env, as fastsac-eval plays them
+        return run_eval_episodes(deterministic_actions(actor), env, seed, env.num_envs, before_step=before_step)
 
     class Actor(torch.nn.Module):          # a fixed policy that depends on the observation
         def forward(self, obs):

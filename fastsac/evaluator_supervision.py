@@ -41,12 +41,7 @@ class EvaluatorWatch:
         c, say = self.child, self.say
         if self.gave_up:
             return
-        if c.restart_at is not None:
-            if not stopping and now >= c.restart_at:
-                c.restart_at = None
-                c.restarts += 1
-                say(f"restarting the evaluator (restart {c.restarts}/{self.ao.max_restarts})")
-                self.sup.spawn(c)
+        if self.sup.restart_pending(c, now, stopping, "the evaluator"):
             return
         if c.proc is None or c.exit_code is not None:
             return

@@ -259,16 +259,23 @@ class Supervisor:
                 f"(see {self.learners[c.plan.learner_index].log_path})")
             c.proc.kill()
 
+    def restart_pending(self, c: Child, now: float, stopping: bool, what: str | None = None) -> bool:
+        """A restart of c is scheduled: start it once its backoff is over (never while the job stops).
+        True while one is pending or was just started (nothing else to watch this round)."""
+        if c.restart_at is None:
+            return False
+        if not stopping and now >= c.restart_at:
+            c.restart_at = None
+            c.restarts += 1
+            say(f"restarting {what or c.name} (restart {c.restarts}/{self.ao.max_restarts})")
+            self.spawn(c)
+        return True
+
     def _watch_collector(self, c: Child, now: float) -> None:
         if c.manual:
             self._kill_if_dropped(c)
             return
-        if c.restart_at is not None:
-            if self.stop_deadline is None and now >= c.restart_at:
-                c.restart_at = None
-                c.restarts += 1
-                say(f"restarting {c.name} (restart {c.restarts}/{self.ao.max_restarts})")
-                self.spawn(c)
+        if self.restart_pending(c, now, stopping=self.stop_deadline is not None):
             return
         if c.proc is None or c.exit_code is not None:
             return

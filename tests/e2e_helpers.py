@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +75,13 @@ def newest_checkpoint(run_dir: Path) -> Path:
     ckpts = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
     assert ckpts, f"no checkpoint in {run_dir / 'checkpoints'}"
     return ckpts[-1]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (a learner group's rendezvous in a test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,19 +13,13 @@ from pathlib import Path
 
 import pytest
 from conftest import _own_segments, _unlink_names, new_job_name
-from e2e_helpers import job_segments, launch, observe, scalar_tags, wait_for
+from e2e_helpers import free_port, job_segments, launch, observe, scalar_tags, wait_for
 
 from fastsac.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 DIGEST = re.compile(r"learner rank (\d+): final actor digest ([0-9a-f]{8})")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

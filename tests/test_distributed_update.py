@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from e2e_helpers import free_port
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.normalizer import RunningNormalizer
 from fastsac.config import AlgoConfig, Config
@@ -269,12 +269,6 @@ def worker_main(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------- test side
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def ranks(tmp_path):
     """start(scenario, world) -> the rank processes; all are killed at teardown if still running."""

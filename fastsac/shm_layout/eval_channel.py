@@ -69,12 +69,7 @@ class EvalChannel(_SegmentHandle):
         check_memory_order()
         info = _eval_info(job)
         if _incarnation_of(info.name) == incarnation & (2**64 - 1):
-            seg = _Segment.open_existing(info.name, f"{info.what}: segment {info.name} vanished")
-            try:
-                seg.validate(info, incarnation)
-            except BaseException:
-                seg.close()
-                raise
+            seg = _Segment.open_validated(info, incarnation, f"{info.what}: segment {info.name} vanished")
         else:
             _replace_if_stale(info)
             seg = _Segment.create(info, incarnation, lock_byte=EVAL_EVALUATOR_LOCK)
@@ -91,13 +86,8 @@ class EvalChannel(_SegmentHandle):
         """A read-only handle (learner, launcher, --status); ShmLayoutError while there is none."""
         check_memory_order()
         info = _eval_info(job)
-        seg = _Segment.open_existing(info.name, f"{info.what}: segment {info.name} does not exist "
-                                                f"(the evaluator of job {job!r} has not created it)")
-        try:
-            seg.validate(info, incarnation)
-        except BaseException:
-            seg.close()
-            raise
+        seg = _Segment.open_validated(info, incarnation, f"{info.what}: segment {info.name} does not exist "
+                                                         f"(the evaluator of job {job!r} has not created it)")
         return cls(seg, "observer")
 
     @staticmethod

@@ -282,10 +282,9 @@ class TransitionRing(_SegmentHandle):
         if role not in ("producer", "consumer"):
             raise ShmLayoutError(f"ring role {role!r} is not valid; expected 'producer' or 'consumer'")
         info = spec.segment_info(job, collector_id)
-        seg = _Segment.open_existing(info.name, f"{info.what}: segment {info.name} does not exist "
-                                     f"(collector {info.collector_id} of job {job!r} has not created it)")
+        seg = _Segment.open_validated(info, incarnation, f"{info.what}: segment {info.name} does not exist "
+                                      f"(collector {info.collector_id} of job {job!r} has not created it)")
         try:
-            seg.validate(info, incarnation)
             byte, pid_line = ((RING_PRODUCER_LOCK, RING_PRODUCER_PID) if role == "producer"
                               else (RING_CONSUMER_LOCK, RING_CONSUMER_PID))
             if not seg.try_lock(byte):

@@ -178,6 +178,18 @@ class _Segment:
             shm.close_fd()
             raise
 
+    @classmethod
+    def open_validated(cls, info: "SegmentInfo", incarnation: int | None, missing_msg: str) -> "_Segment":
+        """open_existing + validate against `info` (and the job's incarnation, when given); closed
+        again if it is not the segment this job's layout expects."""
+        seg = cls.open_existing(info.name, missing_msg)
+        try:
+            seg.validate(info, incarnation)
+        except BaseException:
+            seg.close()
+            raise
+        return seg
+
     def header_value(self, field: str):
         v = self.header[field][()]
         if isinstance(v, bytes):

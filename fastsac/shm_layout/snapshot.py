@@ -86,10 +86,9 @@ class WeightSnapshot(_SegmentHandle):
                incarnation: int | None = None) -> "WeightSnapshot":
         check_memory_order()
         info = _wts_info(job, collector_id, numel)
-        seg = _Segment.open_existing(info.name, f"{info.what}: segment {info.name} does not exist "
-                                     f"(collector {info.collector_id} of job {job!r} has not created it)")
+        seg = _Segment.open_validated(info, incarnation, f"{info.what}: segment {info.name} does not exist "
+                                      f"(collector {info.collector_id} of job {job!r} has not created it)")
         try:
-            seg.validate(info, incarnation)
             seg.prefault(zero_fallback=False)
             return cls._with_role(seg, info, role)
         except BaseException:

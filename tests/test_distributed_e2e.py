@@ -77,6 +77,8 @@ def test_two_learners_train_one_model(tmp_path, job_name):
     assert set(d) == {0, 1} and d[0] == d[1], d              # identical actors on both ranks
     assert sorted(p.name for p in (run / "logs").iterdir()) == \
         ["collector0.log", "collector1.log", "evaluator.log", "learner0.log", "learner1.log"]   # the quick start evaluates
+    for name in ("learner0.log", "learner1.log"):             # torch's deprecation notices stay out of them
+        assert "Warning" not in (run / "logs" / name).read_text(), name
     ckpt = load_checkpoint(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1])
     assert ckpt["env_steps"] == 16 * 8                        # the job's budget, not twice it
     tags = scalar_tags(run)

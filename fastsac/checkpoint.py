@@ -33,7 +33,11 @@ from fastsac.config import ConfigError
 from fastsac.procs import pid_alive
 
 FORMAT = "fastsac-checkpoint"
-FORMAT_VERSION = 2          # 1: no run id, save counter or checksum (refused: it cannot be verified)
+# 1: no run id, save counter or checksum (refused: it cannot be verified); 2: networks of full width
+# throughout and default-initialised actor heads (refused: its weights have other shapes)
+FORMAT_VERSION = 3
+_OLD_FORMATS = {1: "written by an older fastsac, without a checksum",
+                2: "written by an older fastsac, whose networks kept every hidden layer at full width"}
 CKPT_GLOB = "ckpt_*.pt"
 TMP_PREFIX = ".tmp_ckpt_"   # + "<pid>_": a writer's temp file, renamed to ckpt_*.pt once verified
 RUN_ID_RE = re.compile(r"^[0-9a-f]{8,32}$")
@@ -151,7 +155,7 @@ def _check_format(payload, p: Path) -> CheckpointHeader:
         raise CheckpointError(f"checkpoint {str(p)!r} is not a fastsac checkpoint")
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
-        old = " (written by an older fastsac, without a checksum)" if version == 1 else ""
+        old = f" ({_OLD_FORMATS[version]})" if version in _OLD_FORMATS else ""
         raise CheckpointError(f"checkpoint {str(p)!r} has format version {version!r}{old}; "
                               f"this fastsac reads version {FORMAT_VERSION}")
     for key in _HEADER_KEYS:

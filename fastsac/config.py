@@ -72,6 +72,9 @@ class AlgoConfig:
     critic_hidden_dim: int = _f(768, min=1)
     actor_num_layers: int = _f(3, min=1, help="hidden layers of the actor MLP")
     critic_num_layers: int = _f(3, min=1, help="hidden layers of each critic MLP")
+    trunk_shape: Literal["tapered", "uniform"] = _f(
+        "tapered", help="hidden layer widths: tapered = hidden, hidden/2, hidden/4, ... (the reference FastSAC's); "
+                        "uniform = every layer hidden wide")
     num_atoms: int = _f(101, min=2, help="C51 support size")
     v_min: float = _f(-20.0)
     v_max: float = _f(20.0)
@@ -79,7 +82,7 @@ class AlgoConfig:
     tau: float = _f(0.125, min=0.0, max=1.0, min_exclusive=True, help="target network soft-update rate")
     batch_size: int = _f(8192, min=1)
     num_updates: int = _f(8, min=0, help="gradient updates per env-step batch; 0 = collect only")
-    policy_frequency: int = _f(4, min=1, help="actor/alpha update every N critic updates")
+    policy_frequency: int = _f(4, min=1, help="actor update every N critic updates (alpha steps with every critic update)")
     num_steps: int = _f(1, min=1, help="n-step return horizon")
     buffer_size: int = _f(1024, min=2, help="replay slots per env (one circular row per env)")
     learning_starts: int = _f(10, min=0, help="env-step batches of random actions before the policy acts and updates start")
@@ -334,6 +337,13 @@ def _check_cross_fields(cfg: Config) -> None:
         raise ConfigError(f"algo.log_std_min: {a.log_std_min} must be below algo.log_std_max ({a.log_std_max})")
     if a.num_steps >= a.buffer_size:
         raise ConfigError(f"algo.num_steps: {a.num_steps} must be below algo.buffer_size ({a.buffer_size})")
+    if a.trunk_shape == "tapered":
+        for net in ("actor", "critic"):
+            hidden, layers = getattr(a, f"{net}_hidden_dim"), getattr(a, f"{net}_num_layers")
+            if hidden >> (layers - 1) < 1:
+                raise ConfigError(f"algo.{net}_hidden_dim: {hidden} is too narrow for {layers} tapered layers (each "
+                                  f"half as wide as the one before); use at least {1 << (layers - 1)}, fewer "
+                                  f"algo.{net}_num_layers, or algo.trunk_shape: uniform")
     steps = cfg.trainer.num_iterations * cfg.env.num_envs
     if steps > INT64_MAX:  # env-step counters (checkpoints, control block, metrics) are int64
         raise ConfigError(f"trainer.num_iterations: {cfg.trainer.num_iterations} iterations x env.num_envs "

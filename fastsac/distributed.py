@@ -5,7 +5,7 @@ leave the learner) and all of them keep identical networks: torch.distributed mo
 
   * rank 0's complete agent state, once after build + restore (broadcast_agent);
   * gradients: one flat all-reduce (sum / world) after each backward of an update: critic,
-    then actor and log_alpha on actor steps (install -> FastSAC.grad_sync);
+    log_alpha, then the actor on actor steps (install -> FastSAC.grad_sync);
   * normalizer statistics: every rank's pending (count, mean, var) since the last sync, all
     gathered and folded in rank order on every rank (sync_normalizers);
   * small float64 counters (exchange, gather).

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from fastsac.algo.networks import Actor
 from fastsac.algo.normalizer import RunningNormalizer
+from fastsac.algo.policy_layout import actor_widths
 from fastsac.checkpoint import CheckpointError, load_checkpoint, newest_valid
 from fastsac.config import Config, config_from_dict
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
@@ -120,7 +121,7 @@ def load_policy(path: Path, payload: dict, cfg: Config, action_low: np.ndarray,
     agent, env = payload["agent"], payload["env"]
     a = cfg.algo
     try:
-        actor = Actor(env["obs_dim"], env["act_dim"], a.actor_hidden_dim, a.actor_num_layers, a.log_std_min,
+        actor = Actor(env["obs_dim"], env["act_dim"], actor_widths(a), a.log_std_min,
                       a.log_std_max, action_low, action_high)
         actor.load_state_dict(agent["actor"])
         normalizer = RunningNormalizer(env["obs_dim"], enabled=a.obs_normalization)

@@ -15,7 +15,7 @@ from fastsac.config import Config, ConfigError
 CONFIG_KEYS = (
     "env.name", "env.num_envs", "env.max_episode_steps", "seed",
     "trainer.async_options.num_collectors", "trainer.async_options.ring_capacity",
-    "algo.actor_hidden_dim", "algo.actor_num_layers", "algo.log_std_min", "algo.log_std_max",
+    "algo.actor_hidden_dim", "algo.actor_num_layers", "algo.trunk_shape", "algo.log_std_min", "algo.log_std_max",
     "algo.obs_normalization", "algo.learning_starts",
     "distributed.num_learners", "distributed.nnodes", "distributed.node_rank",
 )

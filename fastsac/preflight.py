@@ -226,9 +226,10 @@ def replay_buffer_nbytes(num_envs: int, buffer_size: int, obs_dim: int, critic_o
 def network_weights_nbytes_lower_bound(obs_dim: int, critic_obs_dim: int, act_dim: int, a) -> tuple[int, int]:
     """(critic, actor) bytes the learner holds at least: the twin critics and their target copy
     (Linear weights only: no biases, gradients or optimizer moments), and the actor's flat vector."""
-    from fastsac.algo.policy_layout import policy_flat_numel
-    h, layers = a.critic_hidden_dim, a.critic_num_layers
-    q_net = ((critic_obs_dim or obs_dim) + act_dim) * h + (layers - 1) * h * h + h * a.num_atoms
+    from fastsac.algo.policy_layout import critic_widths, policy_flat_numel
+    widths = critic_widths(a)
+    ins = [(critic_obs_dim or obs_dim) + act_dim, *widths]
+    q_net = sum(i * o for i, o in zip(ins, [*widths, a.num_atoms]))
     return 4 * 4 * q_net, 4 * policy_flat_numel(obs_dim, act_dim, a)
 
 

@@ -12,7 +12,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.policy import InferencePolicy
-from fastsac.algo.policy_layout import actor_param_shapes, policy_flat_numel
+from fastsac.algo.policy_layout import actor_param_shapes, policy_flat_numel, trunk_widths
 from fastsac.config import AlgoConfig
 
 LOW, HIGH = np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
@@ -77,10 +77,11 @@ def test_projection_conserves_mass_and_mean_batched():
 # ----------------------------------------------------------------------------- actor / critic
 def test_actor_bounds_and_log_prob_match_torch_distributions():
     torch.manual_seed(0)
-    actor = Actor(5, 2, 16, 2, -5.0, 0.0, LOW, HIGH)
+    actor = Actor(5, 2, [16, 8], -5.0, 0.0, LOW, HIGH)
     obs = torch.randn(256, 5) * 3
     with torch.no_grad():
-        actor.log_std_head.weight.mul_(100.0)             # push log_std into both saturation regions
+        torch.nn.init.normal_(actor.mean_head.weight)
+        torch.nn.init.normal_(actor.log_std_head.weight, std=100.0)   # push log_std into both saturation regions
     mean, log_std = actor(obs)
     assert log_std.min() >= -5.0 and log_std.max() <= 0.0
     assert log_std.min() < -4.0 and log_std.max() > -1.0
@@ -105,11 +106,11 @@ def test_actor_bounds_and_log_prob_match_torch_distributions():
 
 def test_actor_rejects_infinite_bounds():
     with pytest.raises(ValueError, match="finite action bounds"):
-        Actor(3, 1, 8, 1, -5.0, 0.0, np.array([-np.inf]), np.array([np.inf]))
+        Actor(3, 1, [8], -5.0, 0.0, np.array([-np.inf]), np.array([np.inf]))
 
 
 def test_critic_shapes_and_q_values():
-    critic = TwinDistributionalCritic(5, 2, 16, 2, num_atoms=11, v_min=-5.0, v_max=5.0)
+    critic = TwinDistributionalCritic(5, 2, [16, 8], num_atoms=11, v_min=-5.0, v_max=5.0)
     logits = critic(torch.randn(7, 5), torch.rand(7, 2) * 2 - 1)
     assert logits.shape == (2, 7, 11)
     q = critic.q_values(logits)
@@ -117,11 +118,37 @@ def test_critic_shapes_and_q_values():
     assert not torch.equal(logits[0], logits[1])          # two independently initialized nets
 
 
+def linear_widths(module: torch.nn.Module) -> list[int]:
+    return [m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def test_trunks_taper_as_the_reference_by_default():
+    agent = FastSAC(17, 0, 6, -np.ones(6), np.ones(6), AlgoConfig(num_atoms=11), torch.device("cpu"))
+    assert linear_widths(agent.actor.trunk) == [512, 256, 128]              # reference actor: 512 -> 256 -> 128
+    assert linear_widths(agent.critic.q1) == [768, 384, 192, 11]            # reference critic: 768 -> 384 -> 192
+    assert [m.normalized_shape[0] for m in agent.critic.q2.modules()
+            if isinstance(m, torch.nn.LayerNorm)] == [768, 384, 192]
+    uniform = FastSAC(17, 0, 6, -np.ones(6), np.ones(6), AlgoConfig(num_atoms=11, trunk_shape="uniform"),
+                      torch.device("cpu"))
+    assert linear_widths(uniform.actor.trunk) == [512, 512, 512]
+    assert trunk_widths(256, 2, "tapered") == [256, 128] and trunk_widths(8, 4, "tapered") == [8, 4, 2, 1]
+
+
+def test_first_policy_is_centred_with_log_std_mid_bounds():
+    actor = Actor(5, 2, [16, 8], -5.0, 1.0, LOW, HIGH)     # zero-initialised heads, as the reference's
+    mean, log_std = actor(torch.randn(64, 5) * 10)
+    torch.testing.assert_close(mean, torch.zeros(64, 2))
+    torch.testing.assert_close(log_std, torch.full((64, 2), -2.0))          # (-5 + 1) / 2
+    det, _ = actor.sample(torch.randn(3, 5), deterministic=True)
+    torch.testing.assert_close(actor.to_env(det), torch.tensor((LOW + HIGH) / 2).expand(3, 2))
+
+
 # ----------------------------------------------------------------------------- flat policy layout
 @pytest.mark.parametrize("obs_dim,act_dim,kw", [
     (3, 1, dict(actor_hidden_dim=8, actor_num_layers=1)),
     (17, 6, dict(actor_hidden_dim=32, actor_num_layers=3)),
-    (348, 17, dict()),                                       # reference GPU sizes (512 x 3)
+    (348, 17, dict()),                                       # reference GPU sizes (512, 256, 128)
+    (17, 6, dict(actor_hidden_dim=32, actor_num_layers=3, trunk_shape="uniform")),
     (5, 2, dict(actor_hidden_dim=16, actor_num_layers=2, obs_normalization=False)),
 ])
 def test_policy_layout_matches_torch(obs_dim, act_dim, kw):

@@ -72,6 +72,9 @@ def test_not_a_checkpoint_and_older_format(tmp_path):
     torch.save({"format": FORMAT, "format_version": 1, **_payload(3)}, p)
     with pytest.raises(CheckpointError, match="format version 1 .*without a checksum"):
         load_checkpoint(p)
+    torch.save({"format": FORMAT, "format_version": 2, **_payload(3)}, p)
+    with pytest.raises(CheckpointError, match="format version 2 .*every hidden layer at full width"):
+        load_checkpoint(p)
 
 
 def test_loads_with_plain_torch_load_weights_only(tmp_path):

@@ -8,6 +8,7 @@ twice would show.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from checkpoint_bytes import flip_tensor_bytes
 from fastsac import run_state
 from fastsac.config import config_from_dict
 from fastsac.envs.registry import EnvSpec, make_env
@@ -66,8 +68,9 @@ def make_checkpoint(tmp_path: Path, task: str):
     # statistics far from (0, 1): mean ~ 2 + index, std ~ 0.5..3
     shift, scale = torch.arange(spec.obs_dim) + 2.0, 0.5 + 2.5 * torch.rand(spec.obs_dim, generator=g)
     agent.update_normalizers(shift + scale * torch.randn(256, spec.obs_dim, generator=g), None)
-    with torch.no_grad():   # a mean head big enough that tanh saturates for some inputs
-        agent.actor.mean_head.weight.mul_(4.0)
+    with torch.no_grad():   # a trained-looking mean head (it starts at zero), big enough that tanh saturates for some inputs
+        w = agent.actor.mean_head.weight
+        w.copy_(torch.randn(w.shape, generator=g) * 2.0)
     return run_state.save(cfg, spec, agent, env_steps=64), agent
 
 
@@ -130,10 +133,9 @@ def test_missing_or_corrupt_checkpoint_is_exit_2_and_writes_nothing(tmp_path):
     proc = cli(str(tmp_path / "nope.pt"), "--format", "torchscript", str(out))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
     path, _ = make_checkpoint(tmp_path, "pendulum")
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(bytes(data))
+    shutil.copyfile(path, bad)
+    flip_tensor_bytes(bad)
     proc = cli(str(bad), "--format", "torchscript", str(out))
     assert proc.returncode == 2 and "corrupt" in proc.stderr and "bad.pt" in proc.stderr, proc.stderr
     proc = cli(str(path), "--format", "torchscript", str(tmp_path / "no_dir" / "actor.pt"))

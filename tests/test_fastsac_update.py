@@ -68,7 +68,7 @@ def test_update_reduces_critic_loss_and_learns_terminal_targets():
     # bootstrap = 0: the target distribution is (the projection of) a point mass at r, a fixed
     # target, so the loss must fall well below its initial value (about 2 log(num_atoms))
     # and the expected Q must approach r
-    agent = make_agent(policy_frequency=1000, critic_lr=3e-3)
+    agent = make_agent(policy_frequency=1000, critic_lr=3e-3, critic_hidden_dim=64)   # 64 -> 32: room to fit 64 targets
     batch = make_batch(bootstrap=0.0)
     batch["rewards"] = torch.randint(-4, 5, (64,)).float() * 2.0 + (torch.arange(64) % 2) * 0.5
     agent.update_normalizers(batch["obs"], None)
@@ -100,7 +100,7 @@ def test_policy_frequency_counter_is_exact_across_calls_and_checkpoints():
     for _ in range(4):
         agent.update(batch)
         steps.append(actor_steps(agent))
-    assert steps == [0, 0, 1, 1]                         # actor + alpha on every 3rd critic update
+    assert steps == [0, 0, 1, 1]                         # the actor on every 3rd critic update
     buf = filled_buffer()
     agent.train(buf, 4)                                  # crosses a call boundary: updates 5..8
     assert agent.num_updates_done == 8 and actor_steps(agent) == 2
@@ -177,3 +177,17 @@ def test_alpha_fixed_without_autotune_and_moves_with_it():
         mf, mt = fixed.update(batch), tuned.update(batch)
     assert float(mf["alpha"]) == pytest.approx(0.001)
     assert float(mt["alpha"]) > 0.001                    # entropy below a (high) target: alpha grows
+
+
+def test_alpha_steps_with_every_critic_update_from_the_next_actions():
+    # policy_frequency 3: updates 1 and 2 have no actor step, yet alpha moves in each (as the
+    # reference's, from log pi(a'|s') of the critic target's next actions)
+    agent = make_agent(policy_frequency=3, alpha_lr=1e-2, target_entropy_ratio=-5.0)
+    batch = make_batch()
+    alphas = [float(agent.alpha)]
+    for _ in range(2):
+        agent.update(batch)
+        alphas.append(float(agent.alpha))
+    assert actor_steps(agent) == 0
+    assert alphas[0] < alphas[1] < alphas[2]
+    assert int(agent.alpha_optimizer.state[agent.log_alpha]["step"]) == 2

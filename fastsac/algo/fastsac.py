@@ -7,10 +7,15 @@ One `update` is one gradient step, readable top to bottom:
               z_j  ->  r + discount * bootstrap * (z_j - alpha * log pi(a'|s')),
           projected back onto the fixed support; loss = cross-entropy (sum over both nets).
           Target nets follow by Polyak averaging (tau) after every critic step.
+  alpha   in every update too (as the reference's), from the log-probs of the next-state
+          actions a' the critic target has just sampled: minimize
+          -alpha * (log pi(a'|s') + target_entropy).
   actor   every `policy_frequency` critic steps (a persistent counter, so the ratio is
           exact across calls and checkpoints): minimize alpha * log pi(a|s) - mean(Q1, Q2),
           where Q is the expected value of each distribution.
-  alpha   in the same step: minimize -alpha * (log pi(a|s) + target_entropy).
+
+The same alpha (read before the step) serves the critic target and the actor of one update;
+the new alpha takes effect from the next update.
 
 `rewards`, `discount` and `bootstrap` come from the replay buffer's n-step windows
 (discount = gamma^k for the actual window length, bootstrap = 0 after a termination).
@@ -30,9 +35,11 @@ from torch import Tensor
 
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.normalizer import RunningNormalizer
+from fastsac.algo.policy_layout import actor_widths, critic_widths
 from fastsac.config import AlgoConfig
 
-STATE_DICT_VERSION = 1
+# 2: tapered trunks and zero-initialised actor heads; version-1 state has other shapes.
+STATE_DICT_VERSION = 2
 
 
 def _fallback_compile(fn: Callable, name: str) -> Callable:
@@ -70,10 +77,10 @@ class FastSAC:
         critic_in = critic_obs_dim if self.has_critic_obs else obs_dim
         dev = self.device
 
-        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden_dim, cfg.actor_num_layers,
-                           cfg.log_std_min, cfg.log_std_max, action_low, action_high).to(dev)
-        self.critic = TwinDistributionalCritic(critic_in, act_dim, cfg.critic_hidden_dim, cfg.critic_num_layers,
-                                               cfg.num_atoms, cfg.v_min, cfg.v_max).to(dev)
+        self.actor = Actor(obs_dim, act_dim, actor_widths(cfg), cfg.log_std_min, cfg.log_std_max,
+                           action_low, action_high).to(dev)
+        self.critic = TwinDistributionalCritic(critic_in, act_dim, critic_widths(cfg), cfg.num_atoms,
+                                               cfg.v_min, cfg.v_max).to(dev)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self._actor_params = list(self.actor.parameters())
         self._critic_params = list(self.critic.parameters())
@@ -146,7 +153,8 @@ class FastSAC:
     # ------------------------------------------------------------------ losses
     def _critic_loss_eager(self, obs: Tensor, critic_obs: Tensor | None, actions: Tensor, rewards: Tensor,
                            next_obs: Tensor, next_critic_obs: Tensor | None, bootstrap: Tensor,
-                           discount: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
+                           discount: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """-> (critic loss, mean Q, log pi(a'|s') of the sampled next actions, detached)."""
         support = self.critic.support
         with torch.no_grad(), self._autocast():
             next_action, next_log_prob = self.actor.sample(self.obs_normalizer(next_obs))
@@ -163,7 +171,7 @@ class FastSAC:
         # each net learns its own target distribution; losses add up over the two nets
         qf_loss = -(target * log_probs).sum(-1).mean(-1).sum()
         q_value = (log_probs.detach().exp() * support).sum(-1).mean()
-        return qf_loss, q_value
+        return qf_loss, q_value, next_log_prob.float()
 
     def _actor_loss_eager(self, obs: Tensor, critic_obs: Tensor | None, alpha: Tensor) -> tuple[Tensor, Tensor]:
         with self._autocast():
@@ -175,47 +183,40 @@ class FastSAC:
 
     # ------------------------------------------------------------------ one gradient step
     def update(self, batch: dict) -> dict[str, Tensor]:
-        """One critic step (+ actor and alpha every policy_frequency-th call). Detached scalar
-        tensors, no .item(): the caller decides when to sync."""
+        """One critic and alpha step (+ an actor step every policy_frequency-th call). Detached
+        scalar tensors, no .item(): the caller decides when to sync."""
         cfg = self.cfg
         alpha = self.alpha
 
-        qf_loss, q_value = self._critic_loss(batch["obs"], batch.get("critic_obs"), batch["actions"],
-                                             batch["rewards"], batch["next_obs"], batch.get("next_critic_obs"),
-                                             batch["bootstrap"], batch["discount"], alpha)
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        qf_loss.backward()
-        if self.grad_sync is not None:
-            self.grad_sync(self._critic_params)
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self._critic_params, cfg.max_grad_norm)
-        self.critic_optimizer.step()
+        qf_loss, q_value, next_log_prob = self._critic_loss(
+            batch["obs"], batch.get("critic_obs"), batch["actions"], batch["rewards"], batch["next_obs"],
+            batch.get("next_critic_obs"), batch["bootstrap"], batch["discount"], alpha)
+        self._step(self.critic_optimizer, qf_loss, self._critic_params)
         with torch.no_grad():
             # Polyak averaging: target <- target + tau * (online - target)
             torch._foreach_lerp_(self._target_params, self._critic_params, cfg.tau)
+        if cfg.autotune_alpha:
+            alpha_loss = -(self.log_alpha.exp() * (next_log_prob + self.target_entropy)).mean()
+            self._step(self.alpha_optimizer, alpha_loss, [self.log_alpha], clip=False)
         self._num_updates += 1
 
         if self._num_updates % cfg.policy_frequency == 0:
             actor_loss, log_prob = self._actor_loss(batch["obs"], batch.get("critic_obs"), alpha)
-            self.actor_optimizer.zero_grad(set_to_none=True)
             # inputs=actor params: the critic's weight gradients are neither needed nor computed
-            actor_loss.backward(inputs=self._actor_params)
-            if self.grad_sync is not None:
-                self.grad_sync(self._actor_params)
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self._actor_params, cfg.max_grad_norm)
-            self.actor_optimizer.step()
-            log_prob = log_prob.detach()
-            if cfg.autotune_alpha:
-                alpha_loss = -(self.log_alpha.exp() * (log_prob + self.target_entropy)).mean()
-                self.alpha_optimizer.zero_grad(set_to_none=True)
-                alpha_loss.backward()
-                if self.grad_sync is not None:
-                    self.grad_sync([self.log_alpha])
-                self.alpha_optimizer.step()
-            self._actor_metrics = {"actor_loss": actor_loss.detach(), "policy_entropy": -log_prob.mean()}
+            self._step(self.actor_optimizer, actor_loss, self._actor_params)
+            self._actor_metrics = {"actor_loss": actor_loss.detach(), "policy_entropy": -log_prob.detach().mean()}
 
         return {"qf_loss": qf_loss.detach(), "q_value": q_value, **self._actor_metrics, "alpha": self.alpha}
+
+    def _step(self, optimizer: torch.optim.Optimizer, loss: Tensor, params: list[Tensor], clip: bool = True) -> None:
+        """Backward into `params` only, average the gradients over learner ranks, clip, step."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward(inputs=params)
+        if self.grad_sync is not None:
+            self.grad_sync(params)
+        if clip and self.cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        optimizer.step()
 
     def train(self, buffer, num_updates: int) -> dict[str, Tensor]:
         """num_updates x (sample cfg.batch_size transitions, update). Returns the mean critic

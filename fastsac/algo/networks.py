@@ -20,12 +20,14 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
 
 
-def mlp_trunk(in_dim: int, hidden_dim: int, num_layers: int) -> nn.Sequential:
-    """num_layers x (Linear -> LayerNorm -> SiLU). LayerNorm keeps the large-batch, high-lr
-    FastSAC regime stable; the layer order is part of the flat policy layout (policy_layout.py)."""
+def mlp_trunk(in_dim: int, widths: list[int]) -> nn.Sequential:
+    """(Linear -> LayerNorm -> SiLU) per entry of widths (policy_layout.trunk_widths). LayerNorm
+    keeps the large-batch, high-lr FastSAC regime stable; the layer order is part of the flat
+    policy layout (policy_layout.py)."""
     layers: list[nn.Module] = []
-    for i in range(num_layers):
-        layers += [nn.Linear(in_dim if i == 0 else hidden_dim, hidden_dim), nn.LayerNorm(hidden_dim), nn.SiLU()]
+    for width in widths:
+        layers += [nn.Linear(in_dim, width), nn.LayerNorm(width), nn.SiLU()]
+        in_dim = width
     return nn.Sequential(*layers)
 
 
@@ -34,16 +36,22 @@ class Actor(nn.Module):
 
     log_std is bounded smoothly: tanh maps the raw head output to (-1, 1), which is rescaled
     to (log_std_min, log_std_max). A hard clamp would zero the gradient at the bounds.
+
+    Both heads start at zero (as the reference's): the first policy is centred in the action
+    box (mean 0) with log_std in the middle of its bounds, whatever the observation.
     """
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dim: int, num_layers: int,
+    def __init__(self, obs_dim: int, act_dim: int, widths: list[int],
                  log_std_min: float, log_std_max: float, action_low: np.ndarray, action_high: np.ndarray):
         super().__init__()
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.log_std_min, self.log_std_max = float(log_std_min), float(log_std_max)
-        self.trunk = mlp_trunk(obs_dim, hidden_dim, num_layers)
-        self.mean_head = nn.Linear(hidden_dim, act_dim)
-        self.log_std_head = nn.Linear(hidden_dim, act_dim)
+        self.trunk = mlp_trunk(obs_dim, widths)
+        self.mean_head = nn.Linear(widths[-1], act_dim)
+        self.log_std_head = nn.Linear(widths[-1], act_dim)
+        for head in (self.mean_head, self.log_std_head):
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
         low = torch.as_tensor(np.asarray(action_low, np.float32).reshape(act_dim))
         high = torch.as_tensor(np.asarray(action_high, np.float32).reshape(act_dim))
         if not (torch.isfinite(low).all() and torch.isfinite(high).all() and (high > low).all()):
@@ -88,10 +96,10 @@ class Actor(nn.Module):
 class DistributionalQNet(nn.Module):
     """(critic obs, unit action) -> num_atoms logits of the return distribution (C51)."""
 
-    def __init__(self, in_dim: int, hidden_dim: int, num_layers: int, num_atoms: int):
+    def __init__(self, in_dim: int, widths: list[int], num_atoms: int):
         super().__init__()
-        self.trunk = mlp_trunk(in_dim, hidden_dim, num_layers)
-        self.head = nn.Linear(hidden_dim, num_atoms)
+        self.trunk = mlp_trunk(in_dim, widths)
+        self.head = nn.Linear(widths[-1], num_atoms)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.trunk(x))
@@ -100,12 +108,12 @@ class DistributionalQNet(nn.Module):
 class TwinDistributionalCritic(nn.Module):
     """Two independent C51 Q-networks over the fixed support linspace(v_min, v_max, num_atoms)."""
 
-    def __init__(self, critic_obs_dim: int, act_dim: int, hidden_dim: int, num_layers: int,
+    def __init__(self, critic_obs_dim: int, act_dim: int, widths: list[int],
                  num_atoms: int, v_min: float, v_max: float):
         super().__init__()
         self.v_min, self.v_max, self.num_atoms = float(v_min), float(v_max), num_atoms
-        self.q1 = DistributionalQNet(critic_obs_dim + act_dim, hidden_dim, num_layers, num_atoms)
-        self.q2 = DistributionalQNet(critic_obs_dim + act_dim, hidden_dim, num_layers, num_atoms)
+        self.q1 = DistributionalQNet(critic_obs_dim + act_dim, widths, num_atoms)
+        self.q2 = DistributionalQNet(critic_obs_dim + act_dim, widths, num_atoms)
         self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms), persistent=False)
 
     def forward(self, critic_obs: Tensor, unit_action: Tensor) -> Tensor:

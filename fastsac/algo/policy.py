@@ -11,7 +11,7 @@ import torch
 
 from fastsac.algo.networks import Actor
 from fastsac.algo.normalizer import RunningNormalizer
-from fastsac.algo.policy_layout import actor_param_shapes, policy_flat_numel
+from fastsac.algo.policy_layout import actor_param_shapes, actor_widths, policy_flat_numel
 from fastsac.config import AlgoConfig
 
 
@@ -20,7 +20,7 @@ class InferencePolicy:
                  cfg: AlgoConfig, device: torch.device | str = "cpu", seed: int | None = None):
         self.device = torch.device(device)
         self.obs_dim, self.act_dim = obs_dim, act_dim
-        self.actor = Actor(obs_dim, act_dim, cfg.actor_hidden_dim, cfg.actor_num_layers, cfg.log_std_min,
+        self.actor = Actor(obs_dim, act_dim, actor_widths(cfg), cfg.log_std_min,
                            cfg.log_std_max, action_low, action_high).to(self.device).requires_grad_(False).eval()
         self.normalizer = RunningNormalizer(obs_dim, enabled=cfg.obs_normalization).to(self.device)
         self.numel = policy_flat_numel(obs_dim, act_dim, cfg)

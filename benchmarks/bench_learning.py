@@ -1,98 +1,293 @@
-"""Learning benchmark: return reached vs env steps and wall time, synchronous vs async.
+"""Learning benchmark: deterministic eval return against env steps and wall-clock, fastsac's
+trainers and a peer (Stable-Baselines3 SAC) in one run, on the same machine and budget.
 
-Runs the real CLI (`fastsac-launch CONFIG ...`) once per (mode, seed), one run at a time,
-and reads the TensorBoard scalars each run wrote. Prints one row per run and a summary
-per mode, side by side, so the ratio between modes comes from one run of this script.
+Each run is the real thing: `fastsac-launch CONFIG ...` for a fastsac mode, benchmarks/sb3_peer.py
+for SB3, one run at a time, seeds outer and modes inner, so the order interleaves and slow phases
+of a shared machine hit every mode alike. Each run gets the same wall-clock budget (--budget-s)
+and is stopped by SIGTERM when it is spent (a fastsac run then writes its final checkpoint).
 
-    python benchmarks/bench_learning.py configs/quickstart.yaml --modes sync async --seeds 1 2 3
-    python benchmarks/bench_learning.py configs/quickstart.yaml --modes sync --seeds 1 2 3 trainer.num_iterations=2000
+What is measured is the deterministic evaluation: eval/mean_return of fastsac's evaluation
+(eval.* of the config; separate envs, never a training seed), the same number of deterministic
+episodes for SB3 on separate envs. The training clock excludes evaluation time where evaluation
+blocks training (the sync trainer's inline evaluation, SB3's); the async trainer evaluates in a
+process of its own, which costs it CPU but not time.
 
-Modes: sync (trainer.asynchronous=false), async (true, utd_mode strict, 1 collector),
-async_lb (learner_bound). Extra key=value arguments go to every run.
+Reported, per run and aggregated over seeds (benchmarks/learning_stats.py): the return at fixed
+env steps and wall-clock points, the final return, steps and seconds to --threshold, and for
+each mode the wall-clock it needs to reach the peer's final return. Written to --out:
+curves.csv (every eval point of every run, appended as each run ends: a rerun with the same
+--out skips the runs it holds, so an interruption loses nothing), summary.md and
+curves_steps.png / curves_seconds.png (every mode on the same axes).
+
+    python benchmarks/bench_learning.py configs/halfcheetah_cpu.yaml --modes sync sb3 --seeds 1 2 3 \\
+        --budget-s 1200 --threshold 8000 --out docs/learning/halfcheetah
+    python benchmarks/bench_learning.py --smoke --out /tmp/smoke     # the smallest size (tests)
+
+Modes: sync (trainer.asynchronous=false), async1 (1 collector, utd strict, no binding), async2
+(2 collectors, utd strict, bound in-process one CPU each), sb3 (the peer; --sb3-env names its
+Gymnasium task). Extra key=value arguments go to every fastsac run.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import csv
+import math
+import os
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_stats import Point, describe, first_reach, mean, value_at  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 MODES = {
     "sync": ["trainer.asynchronous=false"],
-    "async": ["trainer.asynchronous=true", "trainer.async_options.utd_mode=strict"],
-    "async_lb": ["trainer.asynchronous=true", "trainer.async_options.utd_mode=learner_bound"],
+    "async1": ["trainer.asynchronous=true", "trainer.async_options.utd_mode=strict",
+               "trainer.async_options.num_collectors=1", "trainer.async_options.numa_binding=off"],
+    "async2": ["trainer.asynchronous=true", "trainer.async_options.utd_mode=strict",
+               "trainer.async_options.num_collectors=2", "trainer.async_options.numa_binding=inprocess"],
+    "sb3": [],
 }
+CSV_FIELDS = ("mode", "seed", "env_steps", "seconds", "mean_return")
+SMOKE_CONFIG = "configs/quickstart.yaml"
+SMOKE_OVERRIDES = ["trainer.num_iterations=60", "algo.learning_starts=10", "eval.interval=20", "eval.episodes=2",
+                   "eval.num_envs=2", "logging.interval=20", "logging.interval_s=1", "checkpoint.interval=0"]
+STOP_GRACE_S = 120.0      # after SIGTERM: the final checkpoint, then the process group is killed
 
 
-def read_run(run_dir: Path) -> dict:
+class RunGroup:
+    """The process group of the run in flight: stopped with it when this script is stopped."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._stop_and_exit)
+
+    def start(self, cmd: list[str], log: Path) -> subprocess.Popen:
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return self.proc
+
+    def wait(self, budget_s: float) -> int:
+        """Wait for the run; SIGTERM its group when the budget is spent, SIGKILL after the grace."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            return self.proc.wait()
+        finally:
+            self.proc = None
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _stop_and_exit(self, signum, frame):
+        self.signal(signal.SIGTERM)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+        sys.exit(128 + signum)
+
+
+# --------------------------------------------------------------------------- one run
+def fastsac_curve(run_dir: Path, t0: float, inline_eval: bool) -> list[Point]:
+    """Eval points of a fastsac run from its TensorBoard files, seconds since t0 (wall)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
-    ret = acc.Scalars("rollout/mean_return")
-    sps = [e.value for e in acc.Scalars("perf/env_steps_per_s")]
-    return {"returns": [(e.step, e.wall_time, e.value) for e in ret], "sps": sps}
+    if "eval/mean_return" not in acc.Tags()["scalars"]:
+        return []
+    returns = acc.Scalars("eval/mean_return")
+    costs = [e.value for e in acc.Scalars("eval/seconds")] if inline_eval else [0.0] * len(returns)
+    curve, spent = [], 0.0
+    for e, cost in zip(returns, costs):
+        spent += cost                 # the inline evaluation blocked training for `cost` seconds
+        curve.append((int(e.step), e.wall_time - t0 - spent, float(e.value)))
+    return curve
 
 
-def summarize(run: dict, threshold: float, t0: float) -> dict:
-    r = run["returns"]
-    last = [v for _, _, v in r[-3:]]
-    hit = next(((s, w - t0) for s, w, v in r if v >= threshold), (None, None))
-    return {"final": statistics.fmean(last) if last else float("nan"),
-            "best": max((v for _, _, v in r), default=float("nan")),
-            "steps_to_threshold": hit[0], "seconds_to_threshold": hit[1],
-            "env_steps": r[-1][0] if r else 0,
-            "env_steps_per_s": statistics.median(run["sps"]) if run["sps"] else float("nan")}
+def run_fastsac(group: RunGroup, args, mode: str, seed: int, out: Path) -> list[Point]:
+    run_dir = out / "runs" / f"{mode}_s{seed}"
+    cmd = [sys.executable, "-m", "fastsac.launcher", args.config, *MODES[mode], f"seed={seed}",
+           f"run_dir={run_dir}", f"job_name=bl{os.getpid() % 10000}{mode}{seed}", "logging.console=true",
+           *args.overrides]
+    t0 = time.time()
+    group.start(cmd, out / "runs" / f"{mode}_s{seed}.log")
+    rc = group.wait(args.budget_s)
+    if rc not in (0, -signal.SIGTERM):
+        raise RuntimeError(f"{mode} seed {seed} failed (exit {rc}); see {out / 'runs' / f'{mode}_s{seed}.log'}")
+    return fastsac_curve(run_dir, t0, inline_eval=mode == "sync")
+
+
+def run_sb3(group: RunGroup, args, seed: int, out: Path) -> list[Point]:
+    path = out / "runs" / f"sb3_s{seed}.csv"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "sb3_peer.py"), "--env", args.sb3_env, "--seed", str(seed),
+           "--budget-s", str(args.budget_s), "--eval-every", str(args.sb3_eval_every),
+           "--eval-episodes", str(args.sb3_eval_episodes), "--learning-starts", str(args.sb3_learning_starts),
+           "--max-steps", str(args.sb3_max_steps), "--csv", str(path)]
+    group.start(cmd, out / "runs" / f"sb3_s{seed}.log")
+    rc = group.wait(args.budget_s * 2 + 60)         # it stops itself on its training clock
+    if rc != 0:
+        raise RuntimeError(f"sb3 seed {seed} failed (exit {rc}); see {out / 'runs' / f'sb3_s{seed}.log'}")
+    with open(path) as f:
+        return [(int(r["env_steps"]), float(r["seconds"]), float(r["mean_return"])) for r in csv.DictReader(f)]
+
+
+# --------------------------------------------------------------------------- curves on disk
+def load_curves(path: Path) -> dict[tuple[str, int], list[Point]]:
+    curves: dict[tuple[str, int], list[Point]] = {}
+    if path.exists():
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                curves.setdefault((r["mode"], int(r["seed"])), []).append(
+                    (int(r["env_steps"]), float(r["seconds"]), float(r["mean_return"])))
+    return curves
+
+
+def append_curve(path: Path, mode: str, seed: int, curve: list[Point]) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(CSV_FIELDS)
+        for steps, seconds, ret in curve:
+            w.writerow((mode, seed, steps, round(seconds, 2), round(ret, 2)))
+
+
+# --------------------------------------------------------------------------- report
+def summary(curves: dict[tuple[str, int], list[Point]], modes: list[str], args) -> str:
+    lines = [f"budget {args.budget_s:.0f} s per run; values: deterministic eval return, last evaluation at or "
+             "before each point; over seeds: mean and IQM with 95% bootstrap intervals", ""]
+    for mode in modes:
+        for (m, seed), c in sorted(curves.items()):
+            if m == mode:
+                s, t = first_reach(c, args.threshold)
+                lines.append(f"{mode:7s} seed {seed}: final {c[-1][2]:8.1f} at {c[-1][0]:,} env steps / "
+                             f"{c[-1][1]:.0f} s; best {max(p[2] for p in c):8.1f}; reached {args.threshold:g} "
+                             + (f"at {s:,} steps / {t:.0f} s" if s is not None else "never"))
+    lines += ["", "| mode | point | return over seeds |", "|---|---|---|"]
+    for mode in modes:
+        runs = [c for (m, _), c in sorted(curves.items()) if m == mode]
+        if not runs:
+            continue
+        points = [(f"{x:,} env steps", x, "steps") for x in args.at_steps]
+        points += [(f"{x:.0f} s", x, "seconds") for x in args.at_seconds]
+        for label, x, axis in points:
+            lines.append(f"| {mode} | {label} | {describe([value_at(c, x, axis) for c in runs])} |")
+        lines.append(f"| {mode} | final | {describe([c[-1][2] for c in runs])} |")
+        hits = [first_reach(c, args.threshold) for c in runs]
+        reached = [t for _, t in hits if t is not None]
+        lines.append(f"| {mode} | seconds to {args.threshold:g} | {len(reached)}/{len(runs)} runs"
+                     + (f", {describe(reached)}" if reached else "") + " |")
+    peer = [c for (m, _), c in curves.items() if m == "sb3"]
+    if peer:
+        target = mean([c[-1][2] for c in peer])
+        peer_time = mean([c[-1][1] for c in peer])
+        lines += ["", f"the peer's final return (mean over {len(peer)} seeds): {target:,.0f} at {peer_time:.0f} s"]
+        for mode in modes:
+            if mode == "sb3":
+                continue
+            times = [first_reach(c, target)[1] for (m, _), c in curves.items() if m == mode]
+            got = [t for t in times if t is not None]
+            ratio = f"{mean(got) / peer_time:.2f}x the peer's time" if got else "not reached"
+            lines.append(f"{mode}: reaches it in {len(got)}/{len(times)} runs"
+                         + (f", after {describe(got)} s: {ratio}" if got else ""))
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict[tuple[str, int], list[Point]], modes: list[str], out: Path, title: str) -> list[Path]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench_learning: matplotlib is not installed (pip install -e '.[bench]'): no plots", file=sys.stderr)
+        return []
+    paths = []
+    for axis, index, label in (("steps", 0, "env steps"), ("seconds", 1, "training wall-clock (s)")):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for k, mode in enumerate(modes):
+            runs = [c for (m, _), c in sorted(curves.items()) if m == mode]
+            for n, c in enumerate(runs):       # one line per seed, one colour and legend entry per mode
+                ax.plot([p[index] for p in c], [p[2] for p in c], color=f"C{k}", alpha=0.8, lw=1.2,
+                        label=f"{mode} ({len(runs)} seeds)" if n == 0 else None)
+        ax.set_xlabel(label)
+        ax.set_ylabel("deterministic eval return")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = out / f"curves_{axis}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config")
+    p.add_argument("config", nargs="?")
     p.add_argument("overrides", nargs="*")
-    p.add_argument("--modes", nargs="+", default=["sync", "async"], choices=sorted(MODES))
+    p.add_argument("--modes", nargs="+", default=["sync", "sb3"], choices=list(MODES))
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    p.add_argument("--threshold", type=float, default=-200.0, help="'solved' return (pendulum: -200)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
+    p.add_argument("--budget-s", type=float, default=1200.0, help="wall-clock per run")
+    p.add_argument("--threshold", type=float, default=8000.0)
+    p.add_argument("--at-steps", nargs="*", type=int, default=[50_000, 100_000, 150_000, 200_000])
+    p.add_argument("--at-seconds", nargs="*", type=float, default=[300, 600, 900, 1200])
+    p.add_argument("--sb3-env", default="HalfCheetah-v5")
+    p.add_argument("--sb3-eval-every", type=int, default=8000)
+    p.add_argument("--sb3-eval-episodes", type=int, default=10)
+    p.add_argument("--sb3-learning-starts", type=int, default=10_000)
+    p.add_argument("--sb3-max-steps", type=int, default=1_000_000)
+    p.add_argument("--out", required=True, help="folder for curves.csv, summary.md, the plots and the run logs")
+    p.add_argument("--smoke", action="store_true", help="the smallest size: quick start, seconds per run")
     args = p.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="fastsac_bench_learning_") as tmp:
-        for seed in args.seeds:
-            for mode in args.modes:  # interleaved: machine noise hits both modes alike
-                run_dir = Path(tmp) / f"{mode}_s{seed}"
-                cmd = [sys.executable, "-m", "fastsac.launcher", args.config, *MODES[mode], f"seed={seed}",
-                       f"run_dir={run_dir}", f"job_name=bench_{mode}_{seed}", "logging.console=false",
-                       *args.overrides]
-                t0 = time.time()
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                wall = time.time() - t0
-                if proc.returncode != 0:
-                    print(f"{mode} seed {seed} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-                    return 1
-                s = summarize(read_run(run_dir), args.threshold, t0)
-                s.update(mode=mode, seed=seed, wall=wall)
-                rows.append(s)
-                print(f"{mode:9s} seed {seed}: final return {s['final']:8.1f}  best {s['best']:8.1f}  "
-                      f"reached {args.threshold:g} at {s['steps_to_threshold']} steps / "
-                      f"{s['seconds_to_threshold'] and round(s['seconds_to_threshold'], 1)} s  "
-                      f"wall {wall:6.1f} s  {s['env_steps_per_s']:8.0f} env-steps/s", flush=True)
-    print("\nmode       final return (mean ± sd over seeds)   wall s   env-steps/s   s to threshold")
-    for mode in args.modes:
-        rs = [r for r in rows if r["mode"] == mode]
-        finals = [r["final"] for r in rs]
-        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-        hits = [r["seconds_to_threshold"] for r in rs if r["seconds_to_threshold"] is not None]
-        print(f"{mode:9s}  {statistics.fmean(finals):9.1f} ± {sd:5.1f} (min {min(finals):.1f}, max {max(finals):.1f})"
-              f"   {statistics.fmean(r['wall'] for r in rs):7.1f}   {statistics.fmean(r['env_steps_per_s'] for r in rs):10.0f}"
-              f"   {statistics.fmean(hits) if hits else float('nan'):8.1f} ({len(hits)}/{len(rs)} runs)")
-    if len(args.modes) > 1:
-        base = args.modes[0]
-        for mode in args.modes[1:]:
-            w0 = statistics.fmean(r["wall"] for r in rows if r["mode"] == base)
-            w1 = statistics.fmean(r["wall"] for r in rows if r["mode"] == mode)
-            print(f"wall-clock ratio {base}/{mode}: {w0 / w1:.2f}x")
-    return 0
+    if args.smoke:
+        args.config, args.overrides = args.config or SMOKE_CONFIG, [*SMOKE_OVERRIDES, *args.overrides]
+        args.threshold, args.at_steps, args.at_seconds = -1000.0, [640, 1280], [5.0]
+        args.sb3_env, args.sb3_eval_every, args.sb3_eval_episodes = "Pendulum-v1", 200, 2
+        args.sb3_learning_starts, args.sb3_max_steps = 100, 600
+    if args.config is None:
+        p.error("a config is needed (or --smoke)")
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    csv_path = out / "curves.csv"
+    curves = load_curves(csv_path)
+    group = RunGroup()
+    for seed in args.seeds:
+        for mode in args.modes:              # interleaved: machine noise hits every mode alike
+            if (mode, seed) in curves:
+                print(f"{mode} seed {seed}: in {csv_path} already, skipped", flush=True)
+                continue
+            curve = run_sb3(group, args, seed, out) if mode == "sb3" else run_fastsac(group, args, mode, seed, out)
+            if not curve:
+                print(f"{mode} seed {seed}: no evaluation point (is eval.interval on?)", file=sys.stderr)
+                return 1
+            append_curve(csv_path, mode, seed, curve)
+            curves[(mode, seed)] = curve
+            print(f"{mode} seed {seed}: final eval return {curve[-1][2]:.1f} at {curve[-1][0]:,} env steps, "
+                  f"{curve[-1][1]:.0f} s ({len(curve)} evaluations)", flush=True)
+    modes = args.modes
+    text = summary(curves, modes, args)
+    (out / "summary.md").write_text(text)
+    print("\n" + text)
+    for path in plot(curves, modes, out, Path(args.config).stem):
+        print(f"plot: {path}")
+    return 0 if all(not math.isnan(c[-1][2]) for c in curves.values()) else 1
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-SCALARS = ("mean_return", "mean_ep_len", "min_return", "max_return", "min_ep_len", "max_ep_len")
+SCALARS = ("mean_return", "mean_ep_len", "min_return", "max_return", "min_ep_len", "max_ep_len", "seconds")
 STEP_CALLBACK_S = 0.1   # how often on_step runs (heartbeat, stop check) during the episodes
 
 

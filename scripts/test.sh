@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Set everything up (venv, CPU torch, test + mujoco + envpool + export + video extras, numactl where possible), then run the tests.
+# Set everything up (venv, CPU torch, test + mujoco + envpool + export + video + bench extras, numactl where possible), then run the tests.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh "test,mujoco,envpool,export,video"
+scripts/bootstrap.sh "test,mujoco,envpool,export,video,bench"
 if ! command -v numactl >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   # Optional: with numactl the launcher's numactl binding path is tested too.
   (apt-get install -y -qq numactl >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq numactl >/dev/null 2>&1; }) \

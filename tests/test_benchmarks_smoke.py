@@ -3,6 +3,7 @@
 Benchmarks are not tests (speed is measured only by running them on purpose, see
 docs/performance.md); this only keeps them from rotting when the code they drive changes.
 """
+import importlib.util
 import re
 import subprocess
 import sys
@@ -139,3 +140,35 @@ def test_bench_learners_end_to_end_runs_jobs_with_1_and_2_learners():
     assert any(line.startswith("round 1  1 learner ") and " 2 learners " in line for line in lines), out
     for what in ("env-steps/s", "updates/s"):
         assert any(line.startswith(f"{what} 2 vs 1 learner(s): ") for line in lines), out
+
+
+
+def bench_learning(out: Path, modes: list[str]) -> tuple[str, str]:
+    """(stdout, summary.md) of bench_learning --smoke over modes, with its CSV and plots checked."""
+    stdout = run_benchmark("bench_learning.py", "--smoke", "--modes", *modes, "--seeds", "1", "--out", str(out),
+                           timeout=300)
+    rows = (out / "curves.csv").read_text().splitlines()
+    assert rows[0] == "mode,seed,env_steps,seconds,mean_return", rows[:2]
+    assert {r.split(",")[0] for r in rows[1:]} == set(modes), rows
+    summary = (out / "summary.md").read_text()
+    for mode in modes:
+        assert f"{mode} seed 1: final eval return" in stdout and f"| {mode} | final | mean " in summary, stdout
+    assert "IQM" in summary and "bootstrap" in summary, summary
+    if importlib.util.find_spec("matplotlib"):
+        assert sorted(p.name for p in out.glob("*.png")) == ["curves_seconds.png", "curves_steps.png"]
+    return stdout, summary
+
+
+def test_bench_learning_reports_eval_curves_of_every_fastsac_mode(tmp_path):
+    bench_learning(tmp_path, ["sync", "async1", "async2"])
+    # a second run with the same --out skips every run it already holds
+    again = run_benchmark("bench_learning.py", "--smoke", "--modes", "sync", "async1", "--seeds", "1",
+                          "--out", str(tmp_path))
+    assert again.count("already, skipped") == 2, again
+    assert not list(Path("/dev/shm").glob("fastsac.bl*")), "bench_learning left segments behind"
+
+
+def test_bench_learning_runs_its_peer(tmp_path):
+    pytest.importorskip("stable_baselines3", reason="the SB3 peer needs the benchmark extra: pip install -e '.[bench]'")
+    _, summary = bench_learning(tmp_path, ["sync", "sb3"])
+    assert "the peer's final return" in summary and "sync: reaches it in" in summary, summary

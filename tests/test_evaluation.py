@@ -26,7 +26,7 @@ from e2e_helpers import launch, tiny_config
 
 PENDULUM_STEPS = 200
 EVAL_TAGS = ("eval/mean_return", "eval/mean_ep_len", "eval/min_return", "eval/max_return", "eval/min_ep_len",
-             "eval/max_ep_len")
+             "eval/max_ep_len", "eval/seconds")
 
 
 def with_eval(path, **ev):

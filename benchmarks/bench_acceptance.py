@@ -15,7 +15,7 @@ its own env.num_envs (the same total for every run). The two setups compared:
                 NUMA node. With fewer usable nodes than collectors (a 1-node machine) the
                 collectors share nodes on disjoint CPU slices (cpus_per_collector; 0 = the
                 node's CPUs split evenly) and the output says that one-per-node was not tested.
-The node count comes from the launcher's own plan (fastsac/topology.py via `--plan --json`).
+The node count comes from the launcher's own plan (fastsac/machine/topology.py via `--plan --json`).
 
 Throughput (criteria 1-3): paired rounds, 1-collector run then N-collector run, each run
 stopped with SIGTERM --seconds after its first progress line, logging every

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from fastsac import checkpoint as ck  # noqa: E402
+from fastsac.run import checkpoint as ck  # noqa: E402
 from fastsac.algo.fastsac import FastSAC  # noqa: E402
 from fastsac.config import AlgoConfig  # noqa: E402
 

@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from fastsac.torch_runtime import configure_torch
+from fastsac.run.torch_runtime import configure_torch
 
 IDLE, ON_CPU, ON_DEVICE = 0, 1, 2   # what a contention worker does (a shared value the controller sets)
 SETTLE_S = 0.3                       # after a mode switch, before a cell's window opens
@@ -107,7 +107,7 @@ def learner_worker(device: str, cpu: int | None, threads: int, obs_dim: int, act
     configure_torch(threads)   # the settings of a real collector / learner process
     from fastsac.algo.fastsac import FastSAC
     from fastsac.algo.replay_buffer import ReplayBuffer
-    from fastsac.transition import TransitionBatch
+    from fastsac.common.transition import TransitionBatch
     from fastsac.config import AlgoConfig
     dev = torch.device(device)
     cfg = AlgoConfig(batch_size=batch, critic_hidden_dim=critic_hidden, actor_hidden_dim=actor_hidden)

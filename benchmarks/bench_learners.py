@@ -52,7 +52,7 @@ def worker(args) -> int:
 
     from fastsac.algo.fastsac import FastSAC
     from fastsac.config import AlgoConfig, Config
-    from fastsac.torch_runtime import configure_torch
+    from fastsac.run.torch_runtime import configure_torch
 
     configure_torch()
     torch.set_num_threads(args.threads)
@@ -65,7 +65,7 @@ def worker(args) -> int:
     agent = FastSAC(args.obs_dim, 0, args.act_dim, low, high, algo, device)
     group = None
     if args.world > 1:
-        from fastsac.distributed import LearnerGroup
+        from fastsac.learner.distributed import LearnerGroup
         cfg = Config()
         d = cfg.distributed
         d.num_learners, d.nnodes, d.node_rank = args.world, 1, 0

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fastsac import shm_layout as L  # noqa: E402
-from fastsac.transition import TransitionBatch  # noqa: E402
+from fastsac.common.transition import TransitionBatch  # noqa: E402
 
 INCARNATION = 0xBE7C_0000_0000_0001
 

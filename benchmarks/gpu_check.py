@@ -47,7 +47,7 @@ def timed(fn, n: int, device: torch.device) -> float:
 def check_updates(device: torch.device, quick: bool) -> None:
     from fastsac.algo.fastsac import FastSAC
     from fastsac.algo.replay_buffer import ReplayBuffer
-    from fastsac.transition import TransitionBatch
+    from fastsac.common.transition import TransitionBatch
     from fastsac.config import AlgoConfig
     obs_dim, act_dim, envs = 348, 17, 1024
     batch = 1024 if quick else 8192

@@ -1,58 +1,8 @@
-"""A collector: steps one shard of the envs on its own CPUs and feeds its ring.
-
-    python -m fastsac.collector_main --config JOB.yaml --collector-id I [key=value ...]
-
-Started by the launcher (under `numactl --cpunodebind=N --membind=N` when binding is on),
-or by hand against a running job, e.g. for a collector listed in
-trainer.async_options.manual_collectors:
-
-    numactl --cpunodebind=1 --membind=1 python -m fastsac.collector_main \\
-        --config job.yaml --collector-id 1
-
-`fastsac-launch job.yaml --plan` prints the exact command for every collector.
-
-Loop (never waits for the learner except through its own full ring):
-  wait for a free ring slot (backpressure: the env is not stepped while the ring is full)
-  -> poll the weight snapshot every weight_poll_interval steps (non-blocking seqlock read)
-  -> act (random before learning_starts, then the read-only policy copy)
-  -> env.step -> write the transition straight into the slot -> commit.
-"""
-from __future__ import annotations
-
-import argparse
+"""`python -m fastsac.collector_main`: a collector process. The code is fastsac.collector.main; this path is the
+one users, the plan's commands and systemd units type, and stays."""
 import sys
 
-from fastsac import process_setup
-
-ROLE = "collector"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m fastsac.collector_main",
-        description="Run one fastsac collector against a running job (the launcher must have created the "
-                    "job; attach by job_name from the config and --collector-id).",
-        epilog="Example (by hand, on NUMA node 1): numactl --cpunodebind=1 --membind=1 "
-               "python -m fastsac.collector_main --config job.yaml --collector-id 1",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--collector-id", type=int, required=True, help="which collector of the job this is (0-based)")
-    process_setup.add_common_args(p)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    ctx = process_setup.start(ROLE, build_parser(), argv)
-    role = f"collector {ctx.args.collector_id}"
-    if ctx.args.check_numa:
-        from fastsac.numa_check import run_collector_check
-        return run_collector_check(ctx)
-    from fastsac.torch_runtime import configure_torch
-    configure_torch(process_setup.torch_threads(ctx))
-    from fastsac.collector_loop import Collector
-    from fastsac.config import ConfigError
-    from fastsac.shm_layout import ShmLayoutError
-    return process_setup.build_and_run(role, lambda: Collector(ctx, role), (ConfigError,), (ShmLayoutError,))
-
+from fastsac.collector.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

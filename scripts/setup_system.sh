@@ -5,7 +5,7 @@
 #
 #   video: headless OpenGL for MuJoCo's offscreen renderer (fastsac-eval --video): EGL (libegl1,
 #          libopengl0, and libgl1-mesa-dri, Mesa's software renderer for a machine without a GPU)
-#          and OSMesa (libosmesa6). The list lives in fastsac/video.py (GL_BACKENDS).
+#          and OSMesa (libosmesa6). The list lives in fastsac/tools/video.py (GL_BACKENDS).
 #
 # Usage: scripts/setup_system.sh PYTHON EXTRAS   (called by scripts/bootstrap.sh; quick when
 # everything is installed: one dpkg-query per package)
@@ -21,8 +21,8 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup_system: not a Debian system: fastsac-eval --video of MuJoCo tasks needs EGL or OSMesa; install one yourself" >&2
   exit 0
 fi
-if ! packages=$("$py" -c 'from fastsac.video import system_packages; print(" ".join(system_packages()))'); then
-  echo "setup_system: cannot read the package list from fastsac/video.py with $py (error above)" >&2
+if ! packages=$("$py" -c 'from fastsac.tools.video import system_packages; print(" ".join(system_packages()))'); then
+  echo "setup_system: cannot read the package list from fastsac/tools/video.py with $py (error above)" >&2
   exit 0
 fi
 missing=()

@@ -84,7 +84,7 @@ def procs():
 @pytest.fixture(scope="session", autouse=True)
 def torch_runtime():
     """The process-wide torch settings every fastsac process makes at start (subnormals flushed)."""
-    from fastsac.torch_runtime import configure_torch
+    from fastsac.run.torch_runtime import configure_torch
     configure_torch()
     yield
 

@@ -1,6 +1,6 @@
 """Build fake sysfs trees in a tmp dir, for topology discovery via FASTSAC_SYSFS_ROOT.
 
-Only the files fastsac.topology reads are written:
+Only the files fastsac.machine.topology reads are written:
   devices/system/node/node<N>/{cpulist,distance,meminfo}, devices/system/node/has_memory,
   devices/system/cpu/online, devices/system/cpu/cpu<C>/topology/core_cpus_list (optional),
   bus/pci/devices/<bus id>/{vendor,class,numa_node}.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from fastsac.topology import format_cpulist, parse_cpulist
+from fastsac.machine.topology import format_cpulist, parse_cpulist
 
 NVIDIA = "0x10de"
 GPU_3D = "0x030200"      # 3D controller: H100/A100 etc.

@@ -30,10 +30,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fastsac.binding import numa_maps_pages, read_binding, verify_binding  # noqa: E402
+from fastsac.machine.binding import numa_maps_pages, read_binding, verify_binding  # noqa: E402
 from fastsac.config import Config  # noqa: E402  (Config() directly: no validation, no numpy import)
-from fastsac.placement import format_plan, plan_job  # noqa: E402
-from fastsac.topology import discover_topology, format_cpulist  # noqa: E402
+from fastsac.machine.plan import format_plan, plan_job  # noqa: E402
+from fastsac.machine.topology import discover_topology, format_cpulist  # noqa: E402
 
 SEG_BYTES = 4 << 20
 CHILD = r"""
@@ -41,7 +41,7 @@ import os, sys, mmap, json, threading
 t = None
 if "--pre-thread" in sys.argv:     # a thread that exists before binding (like an OpenBLAS pool)
     ev = threading.Event(); t = threading.Thread(target=ev.wait, daemon=True); t.start()
-from fastsac.binding import bind_from_argv, read_binding
+from fastsac.machine.binding import bind_from_argv, read_binding
 res = bind_from_argv()
 path = f"/dev/shm/fastsac.probe.{os.getpid()}"
 fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
@@ -59,8 +59,8 @@ os.unlink(path)
 CGROUP_CHILD = r"""
 import json
 from fastsac.config import Config
-from fastsac.placement import plan_job
-from fastsac.topology import discover_topology
+from fastsac.machine.plan import plan_job
+from fastsac.machine.topology import discover_topology
 t = discover_topology()
 c = Config(); c.trainer.async_options.numa_binding = "inprocess"
 c.env.num_envs = 8

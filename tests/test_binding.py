@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from fastsac.binding import (
+from fastsac.machine.binding import (
     BindingError, EffectiveBinding, bind_from_argv, bind_self, numa_maps_bytes, numa_maps_pages, parse_numa_maps,
     read_binding, thread_env, verify_binding,
 )
-from fastsac.topology import format_cpulist
+from fastsac.machine.topology import format_cpulist
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_CPUS = sorted(os.sched_getaffinity(0))
@@ -42,7 +42,7 @@ def skip_if_blocked(result: dict) -> None:
 
 def test_bind_self_to_node_0_then_read_and_verify():
     r = run_child(f"""
-        from fastsac.binding import bind_self, read_binding, verify_binding, BindingError
+        from fastsac.machine.binding import bind_self, read_binding, verify_binding, BindingError
         try:
             res = bind_self(0, {HOST_CPUS})
         except BindingError as e:
@@ -79,7 +79,7 @@ def test_bind_self_repins_threads_started_before_it():
     cpu = HOST_CPUS[-1]
     r = run_child(f"""
         import threading
-        from fastsac.binding import bind_self, BindingError
+        from fastsac.machine.binding import bind_self, BindingError
         ev = threading.Event(); started = threading.Event(); tid = []
         def worker():
             tid.append(threading.get_native_id()); started.set(); ev.wait()
@@ -101,7 +101,7 @@ def test_other_process_binding_read_from_proc():
     cpu = HOST_CPUS[0]
     code = textwrap.dedent(f"""
         import sys
-        from fastsac.binding import bind_self
+        from fastsac.machine.binding import bind_self
         bind_self(0, [{cpu}])
         print("bound", flush=True)
         sys.stdin.readline()
@@ -128,7 +128,7 @@ def test_other_process_binding_read_from_proc():
 
 def test_bind_to_a_missing_node_fails_clearly():
     r = run_child("""
-        from fastsac.binding import bind_self, BindingError
+        from fastsac.machine.binding import bind_self, BindingError
         try:
             bind_self(63, sorted(os.sched_getaffinity(0)))
             print(json.dumps({"error": ""}))
@@ -142,7 +142,7 @@ def test_bind_to_a_missing_node_fails_clearly():
 
 def test_bind_to_cpus_outside_the_affinity_fails_clearly():
     r = run_child("""
-        from fastsac.binding import bind_self, BindingError
+        from fastsac.machine.binding import bind_self, BindingError
         try:
             bind_self(0, [4095])
             print(json.dumps({"error": ""}))
@@ -157,7 +157,7 @@ def test_bind_to_cpus_outside_the_affinity_fails_clearly():
 def test_bind_from_argv_in_a_child():
     cpu = HOST_CPUS[0]
     r = run_child("""
-        from fastsac.binding import bind_from_argv, BindingError
+        from fastsac.machine.binding import bind_from_argv, BindingError
         try:
             res = bind_from_argv()
         except BindingError as e:
@@ -318,7 +318,7 @@ def test_thread_env_sizes_every_pool():
 
 def test_modules_import_without_torch_or_numpy():
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, fastsac.topology, fastsac.binding, fastsac.placement; "
+        [sys.executable, "-c", "import sys, fastsac.machine.topology, fastsac.machine.binding, fastsac.machine.plan; "
                                "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
     assert out.stdout.strip() == "[]"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastsac.checkpoint import (FORMAT, CheckpointError, RunCheckpoints, check_fresh_run_dir, checkpoint_dir,
+from fastsac.run.checkpoint import (FORMAT, CheckpointError, RunCheckpoints, check_fresh_run_dir, checkpoint_dir,
                                 load_checkpoint, newest_valid_checkpoint, read_header)
 from fastsac.config import ConfigError
 

@@ -13,7 +13,7 @@ import pytest
 
 from checkpoint_bytes import flip_tensor_bytes
 from e2e_helpers import job_segments, launch, tiny_config
-from fastsac.checkpoint import CheckpointError, load_checkpoint
+from fastsac.run.checkpoint import CheckpointError, load_checkpoint
 
 HOOKS_DIR = Path(__file__).resolve().parent / "fault_hooks"
 MODES = ["sync", "async"]

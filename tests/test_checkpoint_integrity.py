@@ -1,7 +1,7 @@
 """Checkpoints lose nothing: run identity and write order drive retention, a checksum catches
 corruption, non-finite states are refused, failed saves keep what was there.
 
-These drive the real save/restore of both trainers (fastsac.run_state) on a small FastSAC
+These drive the real save/restore of both trainers (fastsac.run.state) on a small FastSAC
 agent in one process; tests/test_checkpoint_cli.py runs the same faults through the CLI.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from checkpoint_bytes import tensor_records
-from fastsac import checkpoint as ck
-from fastsac import run_state
-from fastsac.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid_checkpoint
+from fastsac.run import checkpoint as ck
+from fastsac.run import state as run_state
+from fastsac.run.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid_checkpoint
 from fastsac.config import load_config
 from fastsac.envs.registry import EnvSpec
 
@@ -231,7 +231,7 @@ def test_fresh_run_into_a_run_dir_with_checkpoints_is_refused_before_anything_is
     cfg, agent, _, _ = start(tmp_path)
     existing = run_state.save(cfg, SPEC, agent, 100)
     check = getattr(ck, "check_fresh_run_dir", None)
-    assert check is not None, "fastsac.checkpoint.check_fresh_run_dir is missing"
+    assert check is not None, "fastsac.run.checkpoint.check_fresh_run_dir is missing"
     with pytest.raises(ConfigError) as exc:
         check(tmp_path, "")
     message = str(exc.value)

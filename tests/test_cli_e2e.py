@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config
-from fastsac.checkpoint import load_checkpoint
+from fastsac.run.checkpoint import load_checkpoint
 
 SYNC_TAGS = {"rollout/mean_return", "rollout/mean_ep_len", "perf/env_steps_per_s", "perf/updates_per_s",
              "perf/learn_pct", "train/qf_loss", "train/actor_loss", "train/alpha", "train/policy_entropy"}

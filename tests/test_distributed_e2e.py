@@ -15,7 +15,7 @@ import pytest
 from conftest import _own_segments, _unlink_names, new_job_name
 from e2e_helpers import free_port, job_segments, launch, observe, scalar_tags, wait_for
 
-from fastsac.checkpoint import load_checkpoint
+from fastsac.run.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

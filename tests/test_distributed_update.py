@@ -1,4 +1,4 @@
-"""Data-parallel learners (fastsac.distributed) on real processes: gloo on the CPU, a TCPStore
+"""Data-parallel learners (fastsac.learner.distributed) on real processes: gloo on the CPU, a TCPStore
 rendezvous on a free local port, two learner ranks.
 
 Every multi-process test runs this file as a script (`python tests/test_distributed_update.py
@@ -214,7 +214,7 @@ def scenario_kill(group, out: Path) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("no go file")
         time.sleep(0.05)
-    from fastsac.distributed import DistributedError
+    from fastsac.learner.distributed import DistributedError
     t0 = time.monotonic()
     try:
         group.exchange({"transitions": 1.0}, {"stop": 0.0})
@@ -238,7 +238,7 @@ def scenario_hang(group, out: Path) -> None:
         while not (out / "done").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         return
-    from fastsac.distributed import DistributedError
+    from fastsac.learner.distributed import DistributedError
     t0 = time.monotonic()
     try:
         group.gather(2.0)
@@ -257,8 +257,8 @@ def worker_main(argv: list[str]) -> int:
     name, rank, world, port, out = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), Path(argv[4])
     timeout_s = float(argv[5]) if len(argv) > 5 else GROUP_TIMEOUT_S
     torch.set_num_threads(1)
-    from fastsac.distributed import LearnerGroup
-    from fastsac.torch_runtime import configure_torch
+    from fastsac.learner.distributed import LearnerGroup
+    from fastsac.run.torch_runtime import configure_torch
     configure_torch()                                  # as every fastsac process (and the test session) does
     group = LearnerGroup.join(group_config(port, world, timeout_s), rank, torch.device("cpu"), log=lambda m: None)
     try:
@@ -391,7 +391,7 @@ def test_a_collective_a_live_rank_never_joins_fails_after_timeout_s(ranks, tmp_p
 
 
 def test_join_names_the_unreachable_rendezvous():
-    from fastsac.distributed import DistributedError, LearnerGroup
+    from fastsac.learner.distributed import DistributedError, LearnerGroup
     port = free_port()
     cfg = group_config(port, 2, timeout_s=2.0)
     with pytest.raises(DistributedError, match=rf"learner rank 1 \(node_rank 0\): nobody answered at "
@@ -400,7 +400,7 @@ def test_join_names_the_unreachable_rendezvous():
 
 
 def test_nccl_backend_on_a_cpu_learner_is_refused():
-    from fastsac.distributed import DistributedError, LearnerGroup
+    from fastsac.learner.distributed import DistributedError, LearnerGroup
     cfg = group_config(free_port(), 2)
     cfg.distributed.backend = "nccl"
     with pytest.raises(DistributedError, match="backend=nccl needs CUDA learners"):

@@ -23,7 +23,7 @@ _LINE = re.compile(r"^(return|length): mean (\S+)\s+min (\S+)\s+max (\S+)$", re.
 
 
 def evaluate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastsac.evaluate", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fastsac.tools.evaluate", *args], capture_output=True, text=True,
                           timeout=240)
 
 
@@ -73,8 +73,8 @@ def test_episodes_are_deterministic_per_seed_and_the_default_seed_is_not_a_train
 def test_eval_matches_the_trainers_deterministic_actions(sync_checkpoint):
     """The returns printed are those of FastSAC.act(deterministic=True) on the same envs."""
     import torch
-    from fastsac import run_state
-    from fastsac.checkpoint import load_checkpoint
+    from fastsac.run import state as run_state
+    from fastsac.run.checkpoint import load_checkpoint
     from fastsac.config import config_from_dict
     from fastsac.envs.registry import EnvSpec, make_env
 
@@ -123,8 +123,8 @@ def test_before_step_sees_each_counted_step_and_changes_nothing():
     the mask of the episodes still counted: env i is marked running exactly lengths[i] times."""
     import torch
     from fastsac.envs.registry import make_env
-    from fastsac.evaluate import deterministic_actions
-    from fastsac.evaluation import run_eval_episodes
+    from fastsac.tools.evaluate import deterministic_actions
+    from fastsac.run.eval_episodes import run_eval_episodes
 
     def run_episodes(actor, env, seed, before_step=None):   # one episode per env, as fastsac-eval plays them
         return run_eval_episodes(deterministic_actions(actor), env, seed, env.num_envs, before_step=before_step)

@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from fastsac import shm_layout as shm
-from fastsac import evaluation
+from fastsac.common.seeds import resolve_eval_seed
+from fastsac.run import eval_episodes
 from fastsac.config import config_from_dict
-from fastsac.evaluation import (
-    pack_weights, quotas, resolve_seed, run_eval_episodes, snapshot_numel, unpack_tag,
-)
+from fastsac.run.eval_episodes import quotas, run_eval_episodes
+from fastsac.shm_layout.eval_channel import pack_weights, snapshot_numel, unpack_tag
 
 from e2e_helpers import launch, tiny_config
 
@@ -66,7 +66,7 @@ def test_run_eval_episodes_plays_each_envs_share_and_is_deterministic(monkeypatc
     other, _ = run_eval_episodes(act, env, 8, 5)
     assert not np.array_equal(returns, other)
     calls = []
-    monkeypatch.setattr(evaluation, "STEP_CALLBACK_S", 0.0)   # the callback after every step
+    monkeypatch.setattr(eval_episodes, "STEP_CALLBACK_S", 0.0)   # the callback after every step
     assert run_eval_episodes(act, env, 7, 5, on_step=lambda: calls.append(1) or len(calls) < 3) is None
     assert len(calls) == 3                                   # a stop abandons the evaluation at once
     env.close()
@@ -84,11 +84,11 @@ def test_the_eval_seed_is_none_of_the_training_seeds():
         for n in (1, 2, 8):
             cfg = config_from_dict({"seed": seed, "trainer": {"async_options": {"num_collectors": n}},
                                     "env": {"num_envs": 8}})
-            ev = resolve_seed(cfg)
+            ev = resolve_eval_seed(cfg)
             assert ev not in {seed + i for i in range(n)}, (seed, n, ev)
             assert 0 <= ev <= 2**32 - 1
     cfg = config_from_dict({"seed": 1, "eval": {"seed": 99}})
-    assert resolve_seed(cfg) == 99
+    assert resolve_eval_seed(cfg) == 99
     with pytest.raises(Exception, match="eval.seed: 2 is the seed of training collector 1"):
         config_from_dict({"seed": 1, "eval": {"seed": 2}, "trainer": {"async_options": {"num_collectors": 2}},
                           "env": {"num_envs": 8}})
@@ -185,7 +185,7 @@ def test_the_plan_has_an_evaluator_only_with_eval_on(tmp_path):
     assert "fastsac.evaluator_main" not in plans[0][0] and "evaluator" not in json.loads(plans[0][1])
     on = plan_text("eval.interval=100")
     row = [line.split() for line in on.splitlines() if line.strip().startswith("evaluator ")]
-    from fastsac.evaluation import eval_seed
+    from fastsac.common.seeds import eval_seed
     assert row and row[0][-1] == "off" and str(eval_seed(1, 1)) in row[0], on   # the derived seed, shown
     assert "-m fastsac.evaluator_main --config" in on
     ev = json.loads(plan_text("eval.interval=100", "eval.seed=77", as_json=True))["evaluator"]
@@ -194,8 +194,8 @@ def test_the_plan_has_an_evaluator_only_with_eval_on(tmp_path):
 
 def test_a_bound_plan_gives_the_evaluator_its_own_cpus_from_the_learners(tmp_path):
     from fake_sysfs import two_nodes
-    from fastsac.placement import plan_job
-    from fastsac.topology import discover_topology
+    from fastsac.machine.plan import plan_job
+    from fastsac.machine.topology import discover_topology
     cfg = config_from_dict({"device": "cpu", "env": {"num_envs": 8}, "eval": {"interval": 10, "cpus": 2},
                             "trainer": {"async_options": {"num_collectors": 2, "numa_binding": "inprocess",
                                                           "cpus_per_collector": 1}}})

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 from fastsac import shm_layout as shm
-
 from e2e_helpers import job_segments, kill_all, tiny_config, wait_for
 from test_evaluation import EVAL_TAGS, PENDULUM_STEPS, eval_points, with_eval
 

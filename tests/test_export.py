@@ -2,7 +2,7 @@
 deterministic actions (FastSAC.act(..., deterministic=True)) on real env observations, at any
 batch size; bad input is exit 2 with nothing written.
 
-Checkpoints are written by the run's own save path (fastsac.run_state.save) from a FastSAC agent
+Checkpoints are written by the run's own save path (fastsac.run.state.save) from a FastSAC agent
 whose observation normalizer has non-trivial statistics, so a normalizer left out or applied
 twice would show.
 """
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from checkpoint_bytes import flip_tensor_bytes
-from fastsac import run_state
+from fastsac.run import state as run_state
 from fastsac.config import config_from_dict
 from fastsac.envs.registry import EnvSpec, make_env
 
@@ -34,8 +34,8 @@ def needs(task: str) -> None:
 
 
 def cli(*args: str, pre: str = "") -> subprocess.CompletedProcess:
-    """python -m fastsac.export ARGS (pre: Python run first in that process, e.g. to hide a module)."""
-    code = f"{pre}\nimport sys\nfrom fastsac.export import main\nsys.exit(main({list(args)!r}))"
+    """python -m fastsac.tools.export ARGS (pre: Python run first in that process, e.g. to hide a module)."""
+    code = f"{pre}\nimport sys\nfrom fastsac.tools.export import main\nsys.exit(main({list(args)!r}))"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
 
 
@@ -155,8 +155,8 @@ def test_onnx_without_its_extra_is_exit_2_with_the_pip_command(tmp_path):
 
 
 def test_a_written_file_that_does_not_reproduce_the_actor_is_an_error_and_is_not_kept(tmp_path, monkeypatch):
-    from fastsac import export
-    from fastsac.checkpoint import load_checkpoint
+    from fastsac.tools import export
+    from fastsac.run.checkpoint import load_checkpoint
     path, _ = make_checkpoint(tmp_path, "pendulum")
     payload = load_checkpoint(path)
     policy = export.load_policy(path, payload, config_from_dict(payload["config"]), np.full(1, -2.0), np.full(1, 2.0))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastsac.transition import TransitionBatch
+from fastsac.common.transition import TransitionBatch
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.replay_buffer import ReplayBuffer
 from fastsac.config import AlgoConfig

@@ -132,8 +132,8 @@ def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
 def test_fastsac_has_no_import_cycles():
     graph = import_graph(REPO, "fastsac")
     # the walker sees real edges (a broken walker would find no cycle in anything)
-    assert "fastsac.config" in graph["fastsac.launcher"]
-    assert "fastsac.shm_layout" in graph["fastsac.learner_loop"]
+    assert "fastsac.config" in graph["fastsac.launch.cli"]
+    assert "fastsac.shm_layout" in graph["fastsac.learner.loop"]
     assert "fastsac.shm_layout.common" in graph["fastsac.shm_layout.ring"]
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(describe(c, graph) for c in cycles)
@@ -158,9 +158,9 @@ def test_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path):
 
 
 # Modules the launcher, --plan and the NUMA checks import: they must not pay for torch.
-TORCH_FREE = ["fastsac.shm_layout", "fastsac.launcher", "fastsac.topology", "fastsac.placement",
-              "fastsac.config", "fastsac.procs", "fastsac.errors", "fastsac.distributed_ranks",
-              "fastsac.evaluation"]
+TORCH_FREE = ["fastsac.shm_layout", "fastsac.launcher", "fastsac.machine.topology", "fastsac.machine.plan",
+              "fastsac.config", "fastsac.common.procs", "fastsac.errors", "fastsac.machine.ranks",
+              "fastsac.run.eval_episodes"]
 
 _IMPORT_WITHOUT_TORCH = """
 import importlib, sys
@@ -192,6 +192,6 @@ def test_imports_without_torch(module):
 
 
 def test_checkpoint_does_not_import_the_shared_memory_layout():
-    # checkpoint retention only asks whether a pid is alive (fastsac.procs)
-    loaded = import_alone("fastsac.checkpoint")
-    assert "fastsac.procs" in loaded and not any(m.startswith("fastsac.shm_layout") for m in loaded), loaded
+    # checkpoint retention only asks whether a pid is alive (fastsac.common.procs)
+    loaded = import_alone("fastsac.run.checkpoint")
+    assert "fastsac.common.procs" in loaded and not any(m.startswith("fastsac.shm_layout") for m in loaded), loaded

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from fastsac.transition import TransitionBatch
+from fastsac.common.transition import TransitionBatch
 from fastsac import shm_layout as L
 from fastsac.algo.replay_buffer import ReplayBuffer
-from fastsac.learner_feed import CollectorFeed, FeedFault
-from fastsac.learner_staging import IngestStaging
+from fastsac.learner.feed import CollectorFeed, FeedFault
+from fastsac.learner.staging import IngestStaging
 
 HEADER_KEYS = ("weight_version", "env_step", "incarnation")
 INC = 0x5EED_0000_0000_0001

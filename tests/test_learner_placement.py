@@ -13,10 +13,10 @@ from fake_sysfs import two_gpus, two_nodes
 
 from fastsac import shm_layout as shm
 from fastsac.config import ConfigError, config_from_dict
-from fastsac.job_settings import job_settings
-from fastsac.placement import format_plan, plan_job, plan_to_json
-from fastsac.status import format_status, take_snapshot
-from fastsac.topology import discover_topology
+from fastsac.shm_layout.job_settings import job_settings
+from fastsac.machine.plan import format_plan, plan_job, plan_to_json
+from fastsac.launch.status import format_status, take_snapshot
+from fastsac.machine.topology import discover_topology
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "/opt/py/bin/python3"
@@ -162,7 +162,7 @@ def test_status_shows_every_learner_with_rank_device_and_collectors(job_name):
 
 
 def test_a_process_with_another_collector_to_learner_mapping_is_refused(job_name, tmp_path):
-    from fastsac.job_settings import check_against_job
+    from fastsac.shm_layout.job_settings import check_against_job
     topo = discover_topology(two_nodes(tmp_path / "sys", gpu_node=None))
     job_cfg = cfg(num_collectors=2, dist={"num_learners": 2}, numa_binding="off")
     job_plan = plan(job_cfg, topo)

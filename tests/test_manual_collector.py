@@ -11,7 +11,6 @@ import time
 
 from e2e_helpers import job_segments, kill_all, observe, tiny_config, wait_for
 from fastsac import shm_layout as shm
-
 HAND_PREFIX = "collector 1 is left for you to start, by hand: "
 
 

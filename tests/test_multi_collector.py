@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config
-from fastsac.checkpoint import load_checkpoint
+from fastsac.run.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

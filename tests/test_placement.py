@@ -6,8 +6,8 @@ import pytest
 from fake_sysfs import FakeGpu, build_sysfs, four_nodes_with_holes, smt_two_nodes, two_gpus, two_nodes
 
 from fastsac.config import ConfigError, config_from_dict
-from fastsac.placement import CollectorPlan, JobPlan, format_plan, plan_job, plan_to_json, split_envs
-from fastsac.topology import discover_topology
+from fastsac.machine.plan import CollectorPlan, JobPlan, format_plan, plan_job, plan_to_json, split_envs
+from fastsac.machine.topology import discover_topology
 
 PY = "/opt/py/bin/python3"
 NUMACTL = "/usr/bin/numactl"
@@ -26,7 +26,7 @@ def plan(c, topo, numactl=NUMACTL, overrides=()):
 
 
 def check_invariants(p: JobPlan, c) -> None:
-    """The invariants promised in fastsac.placement's docstring."""
+    """The invariants promised in fastsac.machine.plan's docstring."""
     n = c.trainer.async_options.num_collectors
     assert [x.collector_id for x in p.collectors] == list(range(n))
     covered = [e for x in p.collectors for e in x.env_ids]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import job_segments, tiny_config
-from fastsac import preflight
+from fastsac.launch import preflight
 from fastsac.shm_layout import MAX_COLLECTORS
 
 AO = "trainer.async_options"

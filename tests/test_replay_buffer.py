@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastsac.transition import TransitionBatch
+from fastsac.common.transition import TransitionBatch
 from fastsac.algo.replay_buffer import ReplayBuffer
 
 OBS, FINAL = 0.0, 1.0        # kind: observation an action was taken in / true final observation

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastsac import shm_layout as L
-from fastsac.transition import TransitionBatch
+from fastsac.common.transition import TransitionBatch
 
 HEADER_KEYS = ("weight_version", "env_step", "incarnation")
 INC = 0x1234_5678_9ABC_DEF0  # a job incarnation for tests that run without a control block

@@ -1,4 +1,4 @@
-"""fastsac.status: the read-only `--status` view of a running job's control segment.
+"""fastsac.launch.status: the read-only `--status` view of a running job's control segment.
 
 Every job name comes from the conftest `job_name` fixture (prefix t<pytest pid>_), whose
 teardown unlinks the job's segments whatever the test did.
@@ -13,9 +13,7 @@ import time
 import pytest
 
 from fastsac import shm_layout as L
-from fastsac import status
-
-
+from fastsac.launch import status
 def shm_bytes(job: str) -> bytes:
     with open(os.path.join(L.SHM_DIR, L.ctl_name(job).lstrip("/")), "rb") as f:
         return f.read()

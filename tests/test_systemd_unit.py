@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fastsac import launcher, supervisor
+from fastsac.launch import cli as launcher
+
+from fastsac.launch import supervisor
 from fastsac.config import AsyncOptions
 
 UNIT = Path(__file__).resolve().parents[1] / "deploy" / "fastsac@.service"

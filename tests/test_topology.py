@@ -5,13 +5,13 @@ import os
 import pytest
 from fake_sysfs import FakeGpu, build_sysfs, four_nodes_with_holes, smt_two_nodes, two_gpus, two_nodes
 
-from fastsac.topology import (
+from fastsac.machine.topology import (
     SYSFS_ROOT_ENV, Topology, discover_topology, format_cpulist, normalize_pci_bus_id, parse_cpulist,
 )
 
 
 def check_invariants(t: Topology) -> None:
-    """The invariants promised in fastsac.topology's docstring."""
+    """The invariants promised in fastsac.machine.topology's docstring."""
     ids = [n.id for n in t.nodes]
     assert ids and ids == sorted(set(ids)) and ids[0] >= 0
     for n in t.nodes:

@@ -21,13 +21,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from e2e_helpers import tiny_config
-from fastsac.transition import TransitionBatch
+from fastsac.common.transition import TransitionBatch
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.config import load_config
-from fastsac.job_settings import job_settings
-from fastsac.placement import plan_job
-from fastsac.process_setup import machine_topology
+from fastsac.shm_layout.job_settings import job_settings
+from fastsac.machine.plan import plan_job
+from fastsac.process.setup import machine_topology
 
 NUM_ENVS, OBS_DIM, ACT_DIM = 8, 3, 1   # tiny_config's pendulum job
 PUSHED = 6                             # env-step batches the "collector" pushes before going quiet
@@ -76,7 +76,7 @@ def updates_while_rings_empty(tmp_path, job: str, utd_mode: str, procs) -> tuple
     snapshot = shm.WeightSnapshot.create(job, 0, policy_flat_numel(OBS_DIM, ACT_DIM, cfg.algo), observer.incarnation)
     push_batches(ring, PUSHED)
 
-    from fastsac.learner_loop import Learner
+    from fastsac.learner.loop import Learner
     learner = Learner(SimpleNamespace(cfg=cfg, plan=plan, me=plan.learner))
     stop = {"signal": None}
     result = {}

@@ -27,7 +27,7 @@ pytest.importorskip("imageio_ffmpeg", reason="--video needs the video extra (pip
 import imageio.v3 as iio  # noqa: E402  (after the skip: part of the same extra)
 import imageio_ffmpeg  # noqa: E402
 
-from fastsac import video  # noqa: E402
+from fastsac.tools import video  # noqa: E402
 
 HALFCHEETAH_STEPS = 40        # the trained env.max_episode_steps: the filmed episode's length
 PENDULUM_STEPS = 50
@@ -36,7 +36,7 @@ NO_EGL = {"__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent/egl_vendor.json"}   # 
 
 def evaluate(*args: str, env: dict | None = None, pre: str = "") -> subprocess.CompletedProcess:
     """fastsac-eval ARGS in a fresh process (pre: Python run first in it, e.g. to break something)."""
-    code = f"{pre}\nimport sys\nfrom fastsac.evaluate import main\nsys.exit(main({list(args)!r}))"
+    code = f"{pre}\nimport sys\nfrom fastsac.tools.evaluate import main\nsys.exit(main({list(args)!r}))"
     full_env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
                           env={**full_env, **(env or {})})
@@ -207,7 +207,7 @@ def test_missing_encoder_is_exit_2_naming_the_extra(pendulum, tmp_path):
 
 def test_a_failure_while_recording_is_exit_1_and_leaves_no_file(pendulum, tmp_path):
     pre = """
-import fastsac.video as v
+import fastsac.tools.video as v
 frame = v.PendulumFrames.frame
 def failing(self, i, calls=[]):
     calls.append(i)

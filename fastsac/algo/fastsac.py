@@ -113,7 +113,7 @@ class FastSAC:
             else self._actor_loss_eager
 
         self._num_updates = 0
-        # Data-parallel learners (fastsac.distributed.LearnerGroup.install): called with the
+        # Data-parallel learners (fastsac.learner.distributed.LearnerGroup.install): called with the
         # parameter list right after each backward (critic, actor, log_alpha), before clipping and
         # the optimizer step, to average the gradients over the learner ranks. None: one learner.
         self.grad_sync: Callable[[list[Tensor]], None] | None = None

@@ -61,7 +61,7 @@ class RunningNormalizer(nn.Module):
         if n == 0:
             return
         batch_mean, batch_var = batch_moments(x)
-        if self.pending is not None:      # data-parallel learners: folded in by sync (fastsac.distributed)
+        if self.pending is not None:      # data-parallel learners: folded in by sync (fastsac.learner.distributed)
             self.pending.add(n, batch_mean, batch_var)
             return
         self.merge(n, batch_mean, batch_var)
@@ -101,7 +101,7 @@ class RunningNormalizer(nn.Module):
 class PendingMoments:
     """Sample count, mean and population variance (float64) of batches not yet folded into a
     RunningNormalizer: each data-parallel learner accumulates its own, then every rank folds
-    every rank's in rank order (fastsac.distributed.LearnerGroup.sync_normalizers)."""
+    every rank's in rank order (fastsac.learner.distributed.LearnerGroup.sync_normalizers)."""
 
     def __init__(self, dim: int, device: torch.device):
         self.dim, self.device = dim, device

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fastsac.transition import TransitionBatch
+from fastsac.common.transition import TransitionBatch
 
 
 class ReplayBuffer:

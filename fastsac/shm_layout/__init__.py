@@ -35,7 +35,7 @@ Modules, each importing only those above it:
   cli           `python -m fastsac.shm_layout list|clean` (low-level; see __main__)
 Import the public names from the package (`from fastsac import shm_layout as shm`).
 """
-from fastsac.procs import boot_id, pid_alive
+from fastsac.common.procs import boot_id, pid_alive
 from fastsac.shm_layout.common import (
     CACHE_LINE, DATA_OFFSET, HEADER_NBYTES, JOB_NAME_RE, LAYOUT_VERSION, MADV_POPULATE_WRITE, MAGIC,
     MAX_COLLECTORS, MAX_LEARNERS, PAGE, PREFIX, SHM_DIR, UNSAFE_ENV, SegmentKind, ShmLayoutError, check_memory_order,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from fastsac.procs import boot_id, pid_alive
+from fastsac.common.procs import boot_id, pid_alive
 from fastsac.shm_layout.common import (
     MAGIC, SHM_DIR, SegmentKind, ShmLayoutError, _mb, _path, cleanup_command, ctl_name, parse_segment_name,
     validate_job_name,

@@ -279,7 +279,7 @@ class ControlBlock(_SegmentHandle):
         """Launcher only: new job incarnation; holds the liveness lock until close/exit.
 
         `settings` (JSON-able) are what every process attaching to the job must agree on
-        (see fastsac.job_settings); they are written before the segment's magic, so no
+        (see fastsac.shm_layout.job_settings); they are written before the segment's magic, so no
         process can attach before they are in place. Refused while another launcher of this
         job is alive; stale segments of the job (a dead earlier launch) are removed first and
         listed in .removed_stale.

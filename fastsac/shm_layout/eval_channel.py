@@ -143,3 +143,26 @@ class EvalChannel(_SegmentHandle):
         if int(self._seq[0]) != s1:
             return None
         return s1 // 2, {name: copy[name].item() for name, _ in RESULT_FIELDS}
+
+
+# The evaluator's weight snapshot holds the policy vector (FastSAC.policy_flat()'s layout) and, in
+# the same seqlock-protected buffer, the env step and the learner's weight version of those weights
+# as two int64 in 4 float32 slots: they always arrive together with the weights they describe.
+TAG_SLOTS = 4
+
+
+def snapshot_numel(policy_numel: int) -> int:
+    return policy_numel + TAG_SLOTS
+
+
+def pack_weights(out: np.ndarray, flat: np.ndarray, env_steps: int, weight_version: int) -> np.ndarray:
+    """Fill out (float32 [snapshot_numel]) with the policy vector and its tag."""
+    out[:-TAG_SLOTS] = flat
+    out[-TAG_SLOTS:].view(np.int64)[:] = (env_steps, weight_version)
+    return out
+
+
+def unpack_tag(buf: np.ndarray) -> tuple[int, int]:
+    """(env_steps, weight_version) of the weights in buf."""
+    env_steps, version = buf[-TAG_SLOTS:].view(np.int64)
+    return int(env_steps), int(version)

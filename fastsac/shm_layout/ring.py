@@ -25,7 +25,7 @@ from fastsac.shm_layout.locks import (
 from fastsac.shm_layout.segment import (
     SegmentInfo, _incarnation_of, _open_quiet, _Segment, _SegmentHandle, _unlink_quiet,
 )
-from fastsac.transition import FIELDS, TransitionBatch, fields_for
+from fastsac.common.transition import FIELDS, TransitionBatch, fields_for
 
 SLOT_HEADER_FIELDS = ("weight_version", "env_step", "num_final", "incarnation", "produced_ns", "seq")
 SLOT_HEADER_NBYTES = CACHE_LINE  # int64[8]; unused entries reserved
@@ -90,7 +90,7 @@ class RingSpec:
 
     @functools.cached_property
     def _fields(self) -> tuple[tuple[SlotField, ...], int, int]:
-        """The slot header, then the transition fields (fastsac.transition.FIELDS) in their order:
+        """The slot header, then the transition fields (fastsac.common.transition.FIELDS) in their order:
         the dense ones (every env) first, the final-row ones last."""
         dense = [("header", np.dtype(np.int64), (SLOT_HEADER_NBYTES // 8,))]
         sparse = []

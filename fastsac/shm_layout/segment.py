@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import posix_ipc
 
-from fastsac.procs import boot_id
+from fastsac.common.procs import boot_id
 from fastsac.shm_layout.common import (
     HEADER_NBYTES, LAYOUT_VERSION, MAGIC, SHM_DIR, MADV_POPULATE_WRITE, SegmentKind, ShmLayoutError,
     _describe, _mb, _path, cleanup_command, segment_name, shm_free_bytes,

@@ -1,7 +1,7 @@
 """Test-only hooks for tests/test_faults.py, active only with their environment variables set.
 
 With this directory on PYTHONPATH every Python process of a job imports it at start-up
-(`site` imports `sitecustomize`). When the learner then imports fastsac.learner_loop:
+(`site` imports `sitecustomize`). When the learner then imports fastsac.learner.loop:
 
 * FASTSAC_TEST_SLOW_COMPILE_S: FastSAC is patched to behave like `algo.compile: true` on
   CUDA: `agent.compiled` is True and the first critic-loss call blocks for that many seconds,
@@ -44,8 +44,7 @@ if _COMPILE_DELAY > 0 or _SAVE_DELAY > 0:
         algo.FastSAC.__init__ = __init__
 
     def _patch_slow_save() -> None:
-        from fastsac import run_state
-
+        from fastsac.run import state as run_state
         original_save = run_state.save
 
         def slow_save(*args, **kwargs):
@@ -56,7 +55,7 @@ if _COMPILE_DELAY > 0 or _SAVE_DELAY > 0:
 
     class _PatchOnLearnerImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name == "fastsac.learner_loop":
+            if name == "fastsac.learner.loop":
                 sys.meta_path.remove(self)
                 if _COMPILE_DELAY > 0:
                     _patch_slow_compile()
@@ -99,7 +98,7 @@ if _SAVE_FAIL:
 
     class _FailSavesOnTrainerImport(_importlib_abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name in ("fastsac.learner_loop", "fastsac.trainer_sync"):
+            if name in ("fastsac.learner.loop", "fastsac.sync"):
                 _sys.meta_path.remove(self)
                 _patch_failing_save()
             return None

@@ -1,0 +1,240 @@
+"""The collector's step loop (see collector_main for the command line and the protocol)."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from fastsac import shm_layout as shm
+from fastsac.algo.policy import InferencePolicy
+from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.envs.base import reset_seed
+from fastsac.envs.registry import make_env
+from fastsac.shm_layout.job_settings import check_against_job
+from fastsac.machine.learner_plan import machine_env_offset
+from fastsac.common.episodes import EpisodeTracker
+from fastsac.common.transition import TransitionBatch
+from fastsac.process.setup import fail, log
+from fastsac.run.torch_runtime import resolve_device
+
+
+STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
+LIVENESS_INTERVAL_S = 0.5    # how often the launcher/learner liveness is checked
+# A publish takes ~1 ms (4 MB): newer weights that stay unloadable this long mean the snapshot
+# itself is broken (e.g. its seq corrupted); the collector then flags it in its record.
+SNAPSHOT_STUCK_S = 1.0
+
+
+class StageTimer:
+    """Cumulative nanoseconds per loop stage (published to the learner as stats)."""
+
+    def __init__(self):
+        self.ns = dict.fromkeys(shm.STAGES, 0)
+
+    def add(self, stage: str, t0: int) -> int:
+        t1 = time.perf_counter_ns()
+        self.ns[stage] += t1 - t0
+        return t1
+
+
+class CollectorError(RuntimeError):
+    pass
+
+
+class Collector:
+    def __init__(self, ctx, role: str):
+        self.role = role
+        cfg, me = ctx.cfg, ctx.me
+        self.cfg, self.cid, self.ao = cfg, me.collector_id, cfg.trainer.async_options
+        # ctl.learner is the record of the learner this collector belongs to (its weights, its state)
+        self.ctl = shm.ControlBlock.attach(cfg.job_name, role="collector", collector_id=me.collector_id,
+                                           num_collectors=self.ao.num_collectors, learner_index=me.learner_index,
+                                           num_learners=cfg.distributed.num_learners)
+        # Before touching anything shared: a collector started by hand with another config is refused.
+        check_against_job(self.ctl, cfg, ctx.plan, f"collector {me.collector_id}")
+        self.rec = self.ctl.collector(me.collector_id)
+        # Another machine of the job (node_rank > 0) steps other global env ids and other action streams:
+        # the same collector id on two machines must not replay the same episodes.
+        self.node_rank = cfg.distributed.node_rank
+        self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed,
+                            first_env_id=me.env_first + machine_env_offset(cfg),
+                            max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
+        self.env_first, self.n = me.env_first, me.env_count
+        env = self.env
+        spec = shm.RingSpec(num_envs=self.n, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,
+                            act_dim=env.act_dim, capacity=self.ao.ring_capacity)
+        job_incarnation = self.ctl.incarnation
+        # Created here, under this process's binding, the pages land on our node; a restart
+        # re-attaches instead and unread slots survive.
+        # A ring the learner dropped as faulty is replaced, not continued.
+        self.ring = shm.TransitionRing.create_or_attach(cfg.job_name, self.cid, spec, job_incarnation,
+                                                        replace=bool(self.ctl.ingest(self.cid)["dropped"]))
+        numel = policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo)
+        self.snapshot = shm.WeightSnapshot.create_or_attach(cfg.job_name, self.cid, numel, job_incarnation)
+        self.flat = np.zeros(numel, np.float32)
+        self.device = resolve_device(self.ao.collector_inference_device,
+                                     "trainer.async_options.collector_inference_device")
+        self.policy = InferencePolicy(env.obs_dim, env.act_dim, env.action_low, env.action_high, cfg.algo, self.device)
+        # A new incarnation per (re)start: the learner sees the change in the slot headers and drops
+        # the dangling last transition of the previous incarnation (it has no successor).
+        self.incarnation = self.rec["incarnation"] + 1
+        self.rec.update(pid=os.getpid(), incarnation=self.incarnation, state=int(shm.ProcState.STARTING),
+                        started_ns=time.monotonic_ns(), heartbeat_ns=time.monotonic_ns())
+        self.weight_version = 0
+        self.learner_version_at_load = 0   # the learner's publish count when we last loaded weights
+        self.stuck_since_ns = 0
+        stepping = env.describe_stepping()
+        log(role, f"envs {self.env_first}..{self.env_first + self.n - 1} of {cfg.env.name}"
+                  f"{f' ({stepping})' if stepping else ''}, ring capacity {spec.capacity}, policy on {self.device}, "
+                  f"incarnation {self.incarnation}")
+
+    # ------------------------------------------------------------------ liveness
+    def _should_stop(self, stop: dict) -> str | None:
+        if stop["signal"] is not None:
+            return f"signal {stop['signal']}"
+        if self.ctl.stop_requested():
+            return "stop requested by the launcher"
+        return None
+
+    def _check_peers(self) -> None:
+        if not shm.job_is_alive(self.cfg.job_name):
+            raise CollectorError("the launcher of this job is gone (its lock on the control segment was released)")
+        learner = self.ctl.learner
+        state, pid = shm.ProcState(learner["state"]), learner["pid"]
+        if state == shm.ProcState.FAILED:
+            raise CollectorError("the learner failed")
+        if pid and state != shm.ProcState.FINISHED and not shm.pid_alive(pid):
+            raise CollectorError(f"the learner (pid {pid}) is gone")
+        age = self.ctl.learner_heartbeat_age_s()
+        if state == shm.ProcState.RUNNING and age is not None and age > self.ao.heartbeat_timeout_s:
+            raise CollectorError(f"the learner's heartbeat is {age:.0f}s old (heartbeat_timeout_s="
+                                 f"{self.ao.heartbeat_timeout_s:g})")
+
+    def _wait_for_learner(self, stop: dict) -> int | None:
+        """The learner's start env steps (a resumed run: the checkpoint's), once it is set up;
+        None when the job stops first."""
+        while self.ctl.learner["state"] == shm.ProcState.EMPTY:
+            if self._should_stop(stop):
+                return None
+            if not shm.job_is_alive(self.cfg.job_name):
+                self.rec["state"] = int(shm.ProcState.FAILED)
+                fail(self.role, "the launcher of this job is gone (its lock on the control segment was released)")
+            self.rec["heartbeat_ns"] = time.monotonic_ns()
+            time.sleep(0.02)
+        return self.ctl.learner["start_env_steps"]
+
+    def _poll_weights(self) -> bool:
+        """Load newer weights if the snapshot has them (non-blocking); True when loaded."""
+        version = self.snapshot.try_load(self.flat, self.weight_version)
+        if version is not None:
+            self.policy.load_flat(self.flat)
+            self.weight_version = version
+            self.learner_version_at_load = self.ctl.learner["weight_version"]
+            self.rec["loaded_weight_version"] = version
+            if self.stuck_since_ns:
+                self.stuck_since_ns = 0
+                self.rec["snapshot_stuck_ns"] = 0
+            return True
+        if self.ctl.learner["weight_version"] > self.learner_version_at_load:  # newer weights exist
+            now = time.monotonic_ns()
+            if not self.stuck_since_ns:
+                self.stuck_since_ns = now
+            elif now - self.stuck_since_ns > SNAPSHOT_STUCK_S * 1e9 and not self.rec["snapshot_stuck_ns"]:
+                self.rec["snapshot_stuck_ns"] = self.stuck_since_ns
+                log(self.role, f"weight snapshot unreadable for {SNAPSHOT_STUCK_S:g}s although the learner "
+                               "published newer weights (seq stuck?); reported to the learner")
+        return False
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, stop: dict) -> int:
+        cfg, env, ring, n = self.cfg, self.env, self.ring, self.n
+        start_env_steps = self._wait_for_learner(stop)
+        if start_env_steps is None:
+            self.rec["state"] = int(shm.ProcState.EXITED)
+            return 0
+        import torch
+        torch.manual_seed(cfg.seed + self.cid + self.node_rank * shm.MAX_COLLECTORS)
+        self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation, start_env_steps]
+                                         + ([self.node_rank] if self.node_rank else []))
+        # Distinct env streams per incarnation and per resume: neither replays the same episodes.
+        obs, critic_obs = env.reset(reset_seed(cfg.seed, self.incarnation - 1, start_env_steps))
+        # The policy acts once weights arrived and learning_starts batches were collected, by this
+        # collector or before (a resumed job: the learner's env_steps start at the checkpoint's).
+        learned_batches = 0
+        episodes, timer = EpisodeTracker(n), StageTimer()
+        steps = 0
+        last_stats = last_liveness = time.monotonic()
+        backoff = 0.0
+        self.rec["state"] = int(shm.ProcState.RUNNING)
+        while True:
+            reason = self._should_stop(stop)
+            if reason:
+                log(self.role, f"stopping: {reason}; {steps} env-step batches pushed this incarnation")
+                self.rec["state"] = int(shm.ProcState.EXITED)
+                return 0
+            now = time.monotonic()
+            if now - last_liveness >= LIVENESS_INTERVAL_S:
+                last_liveness = now
+                try:
+                    self._check_peers()
+                except CollectorError as exc:
+                    self.rec["state"] = int(shm.ProcState.FAILED)
+                    fail(self.role, str(exc))
+            t0 = time.perf_counter_ns()
+            slot = ring.next_free_slot()
+            if slot is None:  # full ring: back off, do not step the env, drop nothing
+                backoff = min(max(backoff * 2, 50e-6), 2e-3)
+                time.sleep(backoff)
+                timer.add("wait", t0)
+                self.rec["heartbeat_ns"] = time.monotonic_ns()
+                continue
+            backoff = 0.0
+            if steps % self.ao.weight_poll_interval == 0:
+                if self._poll_weights():
+                    learned_batches = self.ctl.learner["env_steps"] // cfg.env.num_envs
+                t0 = timer.add("sync", t0)
+            if self.weight_version == 0 or max(steps, learned_batches) < cfg.algo.learning_starts:
+                actions = self.rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
+            else:
+                actions = self.policy.act(obs)
+            t0 = timer.add("sample_actions", t0)
+            res = env.step(actions)
+            t0 = timer.add("env_step", t0)
+            batch = TransitionBatch.from_step(obs, critic_obs, actions, res)
+            self._check_finite(res, batch.final_idx)
+            steps += 1
+            slot.write(batch, self.weight_version, steps, self.incarnation)
+            ring.commit()
+            timer.add("push", t0)
+            episodes.step(res.reward, res.terminated | res.truncated)
+            obs, critic_obs = res.obs, res.critic_obs
+            self.rec["env_steps"] = steps * n
+            self.rec["heartbeat_ns"] = time.monotonic_ns()
+            if now - last_stats >= STATS_INTERVAL_S:
+                last_stats = now
+                self._publish_stats(steps, episodes, timer)
+
+    def _publish_stats(self, steps: int, episodes: EpisodeTracker, timer: StageTimer) -> None:
+        self.ctl.write_collector_stats(self.cid, {
+            "steps": steps, "episodes": episodes.count, "return_sum": episodes.return_sum,
+            "length_sum": episodes.length_sum, **{f"{k}_ns": v for k, v in timer.ns.items()}})
+
+    def _check_finite(self, res, done_idx: np.ndarray) -> None:
+        """NaN/inf from an env never reaches the ring (and so never the replay buffer)."""
+        bad = ~np.isfinite(res.reward) | ~np.isfinite(res.obs).all(axis=1)
+        if done_idx.size:
+            bad[done_idx] |= ~np.isfinite(res.final_obs[done_idx]).all(axis=1)
+        if res.critic_obs is not None:
+            bad |= ~np.isfinite(res.critic_obs).all(axis=1)
+        if bad.any():
+            ids = (np.flatnonzero(bad) + self.env_first).tolist()
+            self.rec["state"] = int(shm.ProcState.FAILED)
+            fail(self.role, f"env {self.cfg.env.name!r} produced NaN/inf (observation or reward) in global env ids "
+                            f"{ids[:20]}{' ...' if len(ids) > 20 else ''}; that transition was not pushed")
+
+    def close(self) -> None:
+        for seg in (self.ring, self.snapshot):
+            seg.close()
+        self.ctl.close()
+        self.env.close()

@@ -1,0 +1,2 @@
+"""The evaluator role of an async job: deterministic episodes on weights the learner publishes to it.
+"""

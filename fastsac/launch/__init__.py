@@ -1,0 +1,2 @@
+"""The launcher: CLI, preflight checks, the supervisor of every process, status.
+"""

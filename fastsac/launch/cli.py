@@ -1,0 +1,178 @@
+"""`fastsac-launch CONFIG.yaml [key=value ...]`: the job supervisor and CLI entry point.
+
+Torch-free: it validates the config, plans placement, creates the job's control
+segment, starts the learner and the collectors as separate processes (each under
+numactl when binding is on), supervises them and cleans up. The synchronous trainer
+(`trainer.asynchronous: false`) runs in this process instead.
+
+Exit codes: 0 finished (or stopped gracefully by SIGTERM/SIGINT after the final
+checkpoint), 1 runtime failure, 2 invalid config or usage.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from fastsac.config import Config, ConfigError, load_config
+from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+
+
+class UsageArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's default is exit 2 too; keep our prefix
+        self.print_usage(sys.stderr)
+        print(f"fastsac-launch: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = UsageArgumentParser(
+        prog="fastsac-launch",
+        description="Train FastSAC from a YAML job config. Overrides: dotted key=value pairs, "
+                    "e.g. trainer.num_iterations=200 seed=3.")
+    p.add_argument("config", nargs="?", help="job config YAML (see configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the placement of every process (node, CPUs, envs, seed, device, exact command) "
+                        "without starting anything")
+    p.add_argument("--json", action="store_true", help="with --plan: print it as JSON")
+    p.add_argument("--status", metavar="JOB", help="show a running job's processes and progress (read-only)")
+    p.add_argument("--watch", action="store_true", help="with --status: refresh every 2 s until Ctrl-C")
+    p.add_argument("--cleanup", metavar="JOB",
+                   help="remove the shared-memory segments of a dead job (refused while it is alive)")
+    p.add_argument("--force", action="store_true",
+                   help="with --cleanup: also while orphaned learner/collector processes of the dead job are "
+                        "still attached (they keep their own mapping and exit on their own)")
+    p.add_argument("--check-numa", action="store_true",
+                   help="torch-free placement check: start every process with its real binding, let each "
+                        "create/attach and first-touch its segments, print what /proc says (JSON), exit")
+    return p
+
+
+def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool) -> None:
+    """Every check that can run before a process is spawned or a file is created; ConfigError = exit 2.
+
+    A launch, `--plan` and `--check-numa` all pass through here, so a plan that prints is a job that
+    starts. config.py has already checked what the config alone decides and plan_job what the
+    topology decides (nodes, CPUs per collector, the collector maximum); these need the machine
+    as it is now. New pre-spawn checks belong in this function.
+    """
+    from fastsac.launch import preflight
+    preflight.check_run_dir(cfg)
+    preflight.check_resume(cfg)
+    from fastsac.run.checkpoint import check_fresh_run_dir  # torch-free
+    from fastsac.shm_layout import job_is_alive
+    if not job_is_alive(cfg.job_name):   # a second launch of a running job is told exactly that, later
+        check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
+    preflight.check_devices(cfg, [p.device for p in plan.learners] if plan is not None else ())
+    preflight.check_master_port(cfg)
+    preflight.check_memory(cfg, spec)
+    if uses_segments:
+        preflight.check_shared_memory(cfg, plan, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_intermixed_args(argv)
+    if args.status or args.cleanup:
+        return job_tool(args)
+    try:
+        if args.config is None:
+            raise ConfigError("no config file given; usage: fastsac-launch CONFIG.yaml [key=value ...]")
+        cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            from fastsac.config import config_to_yaml
+            print(config_to_yaml(cfg), end="")
+            return EXIT_OK
+        from fastsac.envs.registry import env_spec
+        spec = env_spec(cfg.env.name, cfg.env.max_episode_steps)  # unknown gymnasium id / missing extra -> exit 2
+        plan = None
+        if cfg.trainer.asynchronous or args.plan or args.check_numa:
+            from fastsac.machine.plan import plan_job
+            from fastsac.machine.topology import discover_topology
+            plan = plan_job(cfg, discover_topology(), os.path.abspath(args.config), args.overrides)
+        check_before_spawn(cfg, plan, spec, uses_segments=cfg.trainer.asynchronous or args.check_numa)
+        if args.plan:
+            return print_plan(plan, args.json)
+    except ConfigError as exc:
+        print(f"fastsac-launch: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.check_numa:
+        return run_async(cfg, plan, check_numa=True)
+    if not cfg.trainer.asynchronous:
+        return run_sync(cfg)
+    return run_async(cfg, plan)
+
+
+def job_tool(args) -> int:
+    """--status / --cleanup: act on a job by name; no config needed."""
+    if args.status:
+        from fastsac.launch.status import main as status_main
+        return status_main(args.status, args.watch)
+    from fastsac import shm_layout as shm
+    try:
+        removed = shm.unlink_job_segments(args.cleanup, force=args.force)
+    except shm.ShmLayoutError as exc:
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for name in removed:
+        print(f"removed {name}")
+    if not removed:
+        print(f"no segments of job {args.cleanup!r} in {shm.SHM_DIR}")
+    return EXIT_OK
+
+
+def print_plan(plan, as_json: bool) -> int:
+    from fastsac.machine.plan import format_plan, plan_to_json
+    if as_json:
+        import json
+        print(json.dumps(plan_to_json(plan), indent=2))
+    else:
+        print(format_plan(plan))
+    return EXIT_OK
+
+
+def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
+    from fastsac import shm_layout as shm
+    from fastsac.shm_layout.job_settings import job_settings
+    from fastsac.launch.supervisor import Supervisor
+    job = cfg.job_name
+    try:
+        if shm.job_is_alive(job):
+            print(f"fastsac-launch: job {job!r} is already running (another launcher holds "
+                  f"{shm.ctl_name(job)}); stop it first or choose another job_name", file=sys.stderr)
+            return EXIT_USAGE
+        stale = shm.find_stale_segments(job)
+        if stale:  # their creator is provably dead (lock released / pid gone / other boot)
+            print(f"fastsac-launch: removing stale segments of an earlier launch:\n{shm.format_stale_report(stale)}",
+                  file=sys.stderr)
+        ctl = shm.ControlBlock.create(job, cfg.trainer.async_options.num_collectors, job_settings(cfg, plan),
+                                      num_learners=len(plan.learners))
+    except shm.LaunchLockError as exc:   # someone else's launch holds the job: not a failure to retry
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except shm.ShmLayoutError as exc:
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        if check_numa:
+            from fastsac.launch.supervisor import run_numa_check
+            return run_numa_check(cfg, plan, ctl)
+        return Supervisor(cfg, plan, ctl).run()
+    finally:
+        ctl.unlink(include_collectors=True)
+        ctl.close()
+
+
+def run_sync(cfg: Config) -> int:
+    from fastsac.run.checkpoint import CheckpointError
+    from fastsac.sync import train_sync
+    try:
+        return train_sync(cfg)
+    except (CheckpointError, ConfigError) as exc:  # bad input, e.g. a corrupt checkpoint to resume from
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

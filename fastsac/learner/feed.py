@@ -1,0 +1,152 @@
+"""The learner's end of one collector: its ring (consumer) and snapshot (writer), the checks on
+everything read from the ring, and dropping a collector that fails them.
+
+Nothing a collector writes is trusted: a hand-started process, a bug or a stray write can put
+anything into its segments. The learner checks the cursor distance, every slot's stamps and
+the values before a single row reaches the replay buffer; a collector that fails a check is
+dropped (its data is never trained on, the job goes on) until a new incarnation of it starts
+with a fresh ring. Torch-free.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from fastsac import shm_layout as shm
+class FeedFault(Exception):
+    """A collector's segments hold something no correct collector writes."""
+
+
+class CollectorFeed:
+    def __init__(self, job: str, cid: int, env_first: int, env_count: int, spec: "shm.RingSpec", numel: int):
+        self.job, self.cid, self.spec, self.numel = job, cid, spec, numel
+        self.rows = slice(env_first, env_first + env_count)
+        self.ring: shm.TransitionRing | None = None
+        self.snapshot: shm.WeightSnapshot | None = None
+        self.attached_once = False
+        self.dropped_incarnation: int | None = None   # set while dropped: the incarnation that faulted
+        self.faults = 0
+        self.rejected_slots = 0
+        self.last_incarnation: int | None = None       # of the last ingested slot
+        self.last_env_step = 0
+        self.ingested_slots = 0
+        self.last_ingest_ns = 0
+        self.max_lag = 0
+        # float32 columns of the dense part (obs .. rewards) and u8 flag columns, for the value checks
+        fields = {f.name: f for f in spec.slot_fields()}
+        self._floats = (fields["obs"].offset, fields["rewards"].offset + fields["rewards"].nbytes)
+        self._flags = (fields["terminated"], fields["truncated"])
+
+    @property
+    def attached(self) -> bool:
+        return self.ring is not None and self.snapshot is not None
+
+    def try_attach(self, collector_incarnation: int) -> bool:
+        """Attach ring and snapshot once the collector created them; True on a new attachment.
+
+        A dropped collector is attached again only once a newer incarnation of it runs (it
+        replaced its ring). Raises FeedFault for segments that do not fit this job.
+        """
+        if self.attached:
+            return False
+        if self.dropped_incarnation is not None and collector_incarnation <= self.dropped_incarnation:
+            return False
+        try:
+            if self.ring is None:
+                if not shm.segment_exists(shm.ring_name(self.job, self.cid)):
+                    return False
+                self.ring = shm.TransitionRing.attach(self.job, self.cid, self.spec, role="consumer")
+            if self.snapshot is None:
+                if not shm.segment_exists(shm.wts_name(self.job, self.cid)):
+                    return False
+                self.snapshot = shm.WeightSnapshot.attach(self.job, self.cid, self.numel, role="writer")
+        except shm.ShmLayoutError as exc:
+            raise FeedFault(str(exc)) from None
+        self.attached_once = True
+        self.dropped_incarnation = None
+        self.last_incarnation = None
+        return True
+
+    def drop(self, collector_incarnation: int) -> None:
+        """Stop consuming: detach from its segments until a newer incarnation replaces them."""
+        self.close()
+        self.dropped_incarnation = collector_incarnation
+        self.faults += 1
+
+    def available(self) -> int:
+        """Ready slots; FeedFault when the cursors are impossible (more than the ring holds, or backwards)."""
+        if self.ring is None:
+            return 0
+        n = self.ring.available()
+        if not 0 <= n <= self.spec.capacity:
+            raise FeedFault(f"cursor distance {n} is outside 0..{self.spec.capacity} (write cursor "
+                            f"{self.ring.write_cursor}, read cursor {self.ring.read_cursor})")
+        return n
+
+    def fill(self) -> float:
+        return self.ring.available() / self.spec.capacity if self.ring is not None else 0.0
+
+    @property
+    def snapshot_version(self) -> int:
+        return self.snapshot.version if self.snapshot is not None else 0
+
+    def validate(self, dense: np.ndarray, k: int, finals: np.ndarray, offsets: list[int],
+                 collector_incarnation: int) -> int:
+        """Check k slots copied out of the ring (before release): stamps, then values.
+
+        Returns the number of slots with non-finite values (0 when all is well); raises FeedFault
+        for stamps no correct collector writes. Either way a non-zero result drops the collector.
+        """
+        n, hdr = self.spec.num_envs, shm.staged_headers(dense, k)
+        first_seq = self.ring.read_cursor
+        last_inc, last_step = self.last_incarnation, self.last_env_step
+        for j in range(k):
+            h = hdr[j]
+            seq, inc, nf = int(h[shm.HDR["seq"]]), int(h[shm.HDR["incarnation"]]), int(h[shm.HDR["num_final"]])
+            step, version = int(h[shm.HDR["env_step"]]), int(h[shm.HDR["weight_version"]])
+            where = f"slot {first_seq + j}"
+            if seq != first_seq + j:
+                raise FeedFault(f"{where} is stamped seq {seq} (stale or duplicated data)")
+            if not 1 <= inc <= collector_incarnation or (last_inc is not None and inc < last_inc):
+                raise FeedFault(f"{where} has incarnation {inc}; the collector is at {collector_incarnation}"
+                                f"{'' if last_inc is None else f', the last slot had {last_inc}'}")
+            if inc == last_inc and step != last_step + 1:
+                raise FeedFault(f"{where} has env_step {step} after {last_step} (lost or repeated steps)")
+            if not 0 <= nf <= n:
+                raise FeedFault(f"{where} has num_final {nf}, outside 0..{n}")
+            if not 0 <= version <= self.snapshot_version:
+                raise FeedFault(f"{where} was acted with weight version {version}; only "
+                                f"{self.snapshot_version} were published to it")
+            done = np.flatnonzero(dense[j, self._flags[0].offset:self._flags[0].offset + n]
+                                  | dense[j, self._flags[1].offset:self._flags[1].offset + n])
+            if nf != done.size or (nf and not np.array_equal(self._final_idx(finals, offsets[j], nf), done)):
+                raise FeedFault(f"{where}: its final rows do not list exactly the envs whose episode ended")
+            last_inc, last_step = inc, step
+        flags = np.concatenate([dense[:k, f.offset:f.offset + n] for f in self._flags], axis=1)
+        if (flags > 1).any():
+            raise FeedFault("terminated/truncated flags other than 0/1")
+        bad = ~np.isfinite(dense[:k, self._floats[0]:self._floats[1]].view(np.float32)).all(axis=1)
+        for j in range(k):
+            if offsets[j] >= 0 and not bad[j]:
+                nf = int(hdr[j, shm.HDR["num_final"]])
+                bad[j] = not all(np.isfinite(rows.view(np.float32)).all()
+                                 for f, rows in self._final_rows(finals, offsets[j], nf) if f.name != "final_idx")
+        return int(bad.sum())
+
+    def _final_rows(self, finals: np.ndarray, pos: int, nf: int):
+        return [(f, finals[pos + off:pos + off + nbytes]) for f, off, nbytes in self.spec.final_rows_layout(nf)]
+
+    def _final_idx(self, finals: np.ndarray, pos: int, nf: int) -> np.ndarray:
+        return self._final_rows(finals, pos, nf)[0][1].view(np.int64)
+
+    def note_ingested(self, k: int, last_incarnation: int, last_env_step: int) -> None:
+        self.ingested_slots += k
+        self.last_incarnation, self.last_env_step = last_incarnation, last_env_step
+        self.last_ingest_ns = time.monotonic_ns()
+
+    def close(self) -> None:
+        for seg in (self.ring, self.snapshot):
+            if seg is not None:
+                seg.close()
+        self.ring = self.snapshot = None

@@ -1,0 +1,443 @@
+"""The learner's loop: attach, ingest from every ring, update, publish, status, log, checkpoint.
+
+Each collector owns a fixed block of env rows in the replay buffer and its ring is drained
+on its own: a slow or stalled collector never holds back the others (no lockstep merge), and
+a faulty one is dropped without taking the job down (fastsac.learner.feed).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+
+import torch
+
+from fastsac.run import state as run_state
+from fastsac import shm_layout as shm
+from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.shm_layout.job_settings import check_against_job
+from fastsac.learner.eval_link import LearnerEval
+from fastsac.learner.feed import CollectorFeed, FeedFault
+from fastsac.learner.staging import IngestStaging
+from fastsac.learner.telemetry import LearnerTelemetry
+from fastsac.process.setup import log
+from fastsac.run.torch_runtime import resolve_device
+
+ROLE = "learner"
+ATTACH_RETRY_S = 0.2     # how often missing rings/snapshots are looked for (collectors create them)
+STATUS_INTERVAL_S = 0.5  # the control block's status records (fastsac-launch --status) refresh cadence
+WAIT_REPORT_S = 10.0     # how often the console repeats which collectors the job still waits for
+# Nothing to ingest and nothing to update: back off 50 us doubling to 2 ms. Spinning (or a fixed
+# short sleep) costs a Python loop iteration each time: measured ~50% of a core, taken from the
+# collectors when they share CPUs with the learner. 2 ms is far below a slot's production time.
+IDLE_SLEEP_MIN_S, IDLE_SLEEP_MAX_S = 50e-6, 2e-3
+
+
+@contextlib.contextmanager
+def heartbeat_while(record, timeout_s: float):
+    """Keep record["heartbeat_ns"] fresh from a helper thread while the body runs.
+
+    For work that is slow but not hung: a periodic checkpoint of large networks on a slow disk
+    can take longer than heartbeat_timeout_s, and the supervisor would otherwise kill the learner
+    mid-save. The field keeps its one writer (this process); the main thread does not beat
+    while the body runs.
+    """
+    done = threading.Event()
+
+    def beat() -> None:
+        while True:
+            record["heartbeat_ns"] = time.monotonic_ns()
+            if done.wait(max(timeout_s / 4, 0.05)):
+                return
+
+    beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join()
+
+
+class Learner:
+    def __init__(self, ctx):
+        cfg = self.cfg = ctx.cfg
+        self.ao = cfg.trainer.async_options
+        self.plan, self.me = ctx.plan, ctx.me
+        # This learner's collectors: it drains their rings, writes their ingest records and holds
+        # only their env rows (all collectors with one learner).
+        mine = [c for c in ctx.plan.collectors if c.learner_index == ctx.me.learner_index]
+        self.ctl = shm.ControlBlock.attach(cfg.job_name, role="learner", num_collectors=self.ao.num_collectors,
+                                           learner_index=ctx.me.learner_index,
+                                           ingest_ids=[c.collector_id for c in mine],
+                                           num_learners=len(ctx.plan.learners))
+        check_against_job(self.ctl, cfg, ctx.plan, "this learner")
+        probe = make_env(cfg.env.name, 1, seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
+        self.spec = EnvSpec(probe.obs_dim, probe.critic_obs_dim, probe.act_dim, probe.max_episode_steps)
+        low, high = probe.action_low, probe.action_high
+        probe.close()
+        self.device = resolve_device(ctx.me.device)
+        torch.manual_seed(cfg.seed)
+        self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
+                                                        num_envs=sum(c.env_count for c in mine))
+        # A learner group (fastsac.learner.group_loop) overrides these: rank 0's agent and env steps,
+        # the job's env-step batch and budget, checkpoints from rank 0 only.
+        self.batch_envs = cfg.env.num_envs   # transitions of one env-step batch of the job
+        self.writes_checkpoints = True
+        self.env_steps = self.restore()
+        self.start_env_steps = self.env_steps
+        self.total_env_steps = self.budget()
+        numel = policy_flat_numel(self.spec.obs_dim, self.spec.act_dim, cfg.algo)
+        rows = [sum(c.env_count for c in mine[:j]) for j in range(len(mine))]   # its rows in this buffer
+        self.feeds = [CollectorFeed(cfg.job_name, c.collector_id, first, c.env_count,
+                                    shm.RingSpec(num_envs=c.env_count, obs_dim=self.spec.obs_dim,
+                                                 critic_obs_dim=self.spec.critic_obs_dim,
+                                                 act_dim=self.spec.act_dim, capacity=self.ao.ring_capacity),
+                                    numel)
+                      for c, first in zip(mine, rows)]
+        self.staging = IngestStaging([f.spec for f in self.feeds], self.ao.max_ingest_per_iter, self.device)
+        cfg.run_path.mkdir(parents=True, exist_ok=True)
+        self.telemetry = self.make_telemetry()
+        self.evaluation = LearnerEval(cfg, self.ctl.incarnation, numel, self.env_steps, self.telemetry,
+                                      lambda m: log(ROLE, m))   # eval.*: the evaluator process's weights and results
+        # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
+        # start_env_steps first: collectors derive their envs' reset seed from it (a resumed run).
+        self.ctl.learner.update(global_rank=ctx.me.global_rank, device=str(self.device)[:16])
+        self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, start_env_steps=self.start_env_steps,
+                                num_updates=self.agent.num_updates_done, started_ns=time.monotonic_ns(),
+                                heartbeat_ns=time.monotonic_ns(), state=int(shm.ProcState.RUNNING))
+        # torch.compile runs inside the first critic and first actor update (CUDA, algo.compile) and can
+        # take longer than heartbeat_timeout_s: the learner reports STARTING until they are done, so
+        # neither the collectors nor the launcher mistake the compilation for a hang.
+        self.compile_updates_left = cfg.algo.policy_frequency if getattr(self.agent, "compiled", False) else 0
+        self.weight_version = 0
+        self.updates_owed = 0.0
+        self.updates_since_publish = 0
+        self.last_attach = self.last_status = self.last_liveness = 0.0
+        log(ROLE, f"{cfg.env.name}: {self.buffer.num_envs} envs in {len(self.feeds)} collector(s), device {self.device}, "
+                  f"utd_mode {self.ao.utd_mode}, env steps {self.env_steps:,}/{self.total_env_steps:,}")
+
+    # ------------------------------------------------------------------ set-up (a learner group overrides)
+    def restore(self) -> int:
+        """The checkpoint named by `resume` into the agent; its env steps (0 = fresh)."""
+        return run_state.restore(self.cfg, self.spec, self.agent, lambda m: log(ROLE, m))
+
+    def budget(self) -> int:
+        return self.cfg.trainer.num_iterations * self.cfg.env.num_envs
+
+    def make_telemetry(self) -> LearnerTelemetry:
+        return LearnerTelemetry(self.cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
+                                self.total_env_steps)
+
+    def count(self, slots: int, transitions: int) -> int:
+        """The transitions this iteration adds to the job's env steps (a group: all ranks')."""
+        return transitions
+
+    def buffer_ready(self) -> bool:
+        return self.buffer.ready()
+
+    def ingest_limit(self) -> int:
+        """Transitions this learner may still ingest (a group: its share of the job's rest)."""
+        return self.total_env_steps - self.env_steps
+
+    # ------------------------------------------------------------------ collectors
+    def attach_collectors(self) -> None:
+        """Attach rings/snapshots of collectors that appeared and send them the current weights."""
+        fresh = []
+        for feed in self.feeds:
+            rec = self.ctl.collector(feed.cid)
+            if feed.dropped_incarnation is not None and rec["state"] != shm.ProcState.RUNNING:
+                continue   # a dropped collector's next incarnation is running once it replaced its ring
+            was_dropped = feed.dropped_incarnation is not None
+            try:
+                if not feed.try_attach(rec["incarnation"]):
+                    continue
+            except FeedFault as exc:
+                self.drop(feed, f"cannot attach its segments: {exc}")
+                continue
+            if was_dropped:
+                log(ROLE, f"collector {feed.cid}: re-attached (incarnation {rec['incarnation']})")
+            fresh.append(feed)
+        if fresh:
+            self.publish(fresh)   # initial weights for a collector that just appeared
+
+    def drop(self, feed: CollectorFeed, reason: str) -> None:
+        """Stop training on a faulty collector; the job goes on (the launcher restarts it)."""
+        incarnation = self.ctl.collector(feed.cid)["incarnation"]
+        if feed.last_incarnation is not None:
+            self.buffer.drop_newest(feed.rows)   # its newest transition will never get a successor
+        feed.drop(incarnation)
+        who = "the launcher restarts it" if not self.plan.collectors[feed.cid].manual else \
+            f"restart it by hand: {self.plan.collectors[feed.cid].command}"
+        log(ROLE, f"collector {feed.cid} dropped (fault {feed.faults}): {reason}; none of its data after the last "
+                  f"good slot is trained on; {who}")
+        self.ctl.ingest(feed.cid).update(dropped=1, dropped_incarnation=incarnation, faults=feed.faults,
+                                         rejected_slots=feed.rejected_slots, fault=reason[:40])
+
+    def waiting_for(self) -> list[CollectorFeed]:
+        return [f for f in self.feeds if not f.attached_once]
+
+    def attach_round(self, start: float, last_report: float) -> tuple[list[CollectorFeed], float, float]:
+        """One round of waiting: beat, attach who appeared, publish the waiting mask and status, and
+        name the missing collectors now and then. (missing, now, last_report)."""
+        self.beat()
+        self.attach_collectors()
+        missing = self.waiting_for()
+        self.ctl.learner["waiting_mask"] = sum(1 << f.cid for f in missing)
+        self.telemetry.refresh_status()
+        now = time.monotonic()
+        if missing and (now - last_report >= WAIT_REPORT_S or last_report == start):
+            last_report = now + (1e-9 if last_report == start else 0.0)
+            for f in missing:
+                c = self.plan.collectors[f.cid]
+                how = f"start it by hand: {c.command}" if c.manual else "the launcher starts it"
+                log(ROLE, f"waiting for collector {f.cid} ({how})")
+        return missing, now, last_report
+
+    def wait_for_collectors(self, stop: dict) -> str | None:
+        """Hold the job until every planned collector (manual ones included) attached once.
+
+        No env step counts and no update runs before: a job whose collector is started by hand
+        must not reach its budget on the others alone. Returns a stop reason, or None.
+        """
+        start = last_report = time.monotonic()
+        while self.waiting_for():
+            reason = self.stop_reason(stop)
+            if reason:
+                return reason
+            missing, now, last_report = self.attach_round(start, last_report)
+            if missing and now - start > self.ao.collector_wait_s:
+                ids = ", ".join(str(f.cid) for f in missing)
+                self.exit_code = 1
+                return (f"collector(s) {ids} did not attach within trainer.async_options.collector_wait_s="
+                        f"{self.ao.collector_wait_s:g}s; start them (fastsac-launch CONFIG --plan prints the "
+                        "commands) or raise collector_wait_s")
+            time.sleep(ATTACH_RETRY_S / 4)
+        self.ctl.learner["waiting_mask"] = 0
+        return None
+
+    # ------------------------------------------------------------------ weights
+    def publish(self, feeds=None) -> None:
+        """Broadcast: flatten + device->host ONCE, then a non-blocking seqlock write per collector."""
+        flat = self.agent.policy_flat().detach().to("cpu", torch.float32).numpy()
+        for feed in feeds if feeds is not None else self.feeds:
+            if feed.snapshot is not None:
+                repairs = feed.snapshot.repairs
+                feed.snapshot.publish(flat)
+                if feed.snapshot.repairs != repairs:
+                    log(ROLE, f"collector {feed.cid}: its weight snapshot's seq was changed by another process; "
+                              "restored a consistent snapshot")
+                    self.ctl.ingest(feed.cid)["snapshot_repairs"] = feed.snapshot.repairs
+        self.weight_version += 1
+        self.updates_since_publish = 0
+        self.evaluation.on_publish(flat, self.env_steps, self.weight_version)
+        self.ctl.learner["weight_version"] = self.weight_version
+
+    # ------------------------------------------------------------------ ingestion
+    def ingest(self) -> tuple[int, int]:
+        """Drain ready slots from every ring (fair share of max_ingest_per_iter) into ONE staging
+        buffer, ONE host->device copy, then the replay buffer; returns (slots, env steps)."""
+        ready = []
+        for feed in self.feeds:
+            try:
+                if feed.available():
+                    ready.append(feed)
+            except FeedFault as exc:
+                self.drop(feed, str(exc))
+        budget = self.ao.max_ingest_per_iter
+        remaining = self.ingest_limit()  # never ingest past the run length
+        if remaining <= 0:   # a learner of a group that ingested its share waits for the others
+            return 0, 0
+        runs, transitions = [], 0
+        self.staging.begin()
+        for i, feed in enumerate(ready):
+            share = max(1, budget // (len(ready) - i))
+            share = min(share, max(1, math.ceil((remaining - transitions) / feed.spec.num_envs)))
+            run = self.staging.take(feed, share)
+            try:
+                bad = feed.validate(self.staging.dense_rows(run), run.k, self.staging.final_rows(run), run.offsets,
+                                    self.ctl.collector(feed.cid)["incarnation"])
+                reason = f"{bad} of {run.k} slot(s) hold NaN/inf values" if bad else None
+            except FeedFault as exc:
+                reason = str(exc)
+            if reason:
+                feed.rejected_slots += run.k
+                self.staging.rewind(run)
+                self.drop(feed, reason)
+                continue
+            feed.ring.release(run.k)    # the data is out of shared memory
+            runs.append(run)
+            budget -= run.k
+            transitions += run.k * feed.spec.num_envs
+            if budget <= 0 or transitions >= remaining:
+                break
+        self.staging.send()
+        for run in runs:
+            self.extend(run)
+        return sum(r.k for r in runs), transitions
+
+    def extend(self, run) -> None:
+        feed, hdr = run.feed, run.headers
+        for j, s in enumerate(self.staging.slots(run)):
+            incarnation = int(hdr[j, shm.HDR["incarnation"]])
+            if feed.last_incarnation is not None and incarnation != feed.last_incarnation:
+                # A restarted collector: the previous incarnation's newest transition has no
+                # successor and never will; forget it instead of bootstrapping from garbage.
+                self.buffer.drop_newest(feed.rows)
+                log(ROLE, f"collector {feed.cid}: new incarnation {incarnation}")
+            feed.last_incarnation = incarnation
+            feed.max_lag = max(feed.max_lag, feed.snapshot_version - int(hdr[j, shm.HDR["weight_version"]]))
+            run_state.ingest(self.agent, self.buffer, feed.rows, s)
+        feed.note_ingested(run.k, int(hdr[-1, shm.HDR["incarnation"]]), int(hdr[-1, shm.HDR["env_step"]]))
+
+    # ------------------------------------------------------------------ updates
+    def updates_to_run(self, transitions: int) -> int:
+        cfg = self.cfg
+        if cfg.algo.num_updates == 0 or not self.buffer_ready():
+            return 0
+        if self.env_steps < cfg.algo.learning_starts * self.batch_envs:
+            return 0
+        # strict: num_updates per env-step batch of num_envs transitions, exactly as the sync trainer.
+        self.updates_owed += cfg.algo.num_updates * transitions / self.batch_envs
+        k = int(self.updates_owed)
+        self.updates_owed -= k
+        if self.ao.utd_mode == "learner_bound" and k == 0 and transitions == 0:
+            k = cfg.algo.num_updates  # no new data: keep the GPU busy on the buffer we have
+        return k
+
+    def update(self, k: int) -> None:
+        """k gradient updates in chunks of at most weight_publish_interval: weights go out on time
+        and the heartbeat keeps beating through a long backlog of owed updates."""
+        while k > 0:
+            chunk = min(k, self.ao.weight_publish_interval - self.updates_since_publish)
+            if self.compile_updates_left > 0 and self.ctl.learner["state"] == shm.ProcState.RUNNING:
+                log(ROLE, "compiling the update (torch.compile): state STARTING, no heartbeat until done")
+                self.ctl.learner["state"] = int(shm.ProcState.STARTING)
+                self.compile_t0 = time.perf_counter()
+            t0 = time.perf_counter()
+            self.telemetry.last_train = self.agent.train(self.buffer, chunk)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.telemetry.learn_time += time.perf_counter() - t0
+            if self.compile_updates_left > 0:
+                self.compile_updates_left -= chunk
+                if self.compile_updates_left <= 0:
+                    log(ROLE, f"update compiled in {time.perf_counter() - self.compile_t0:.1f}s")
+                    self.beat()  # fresh beat before RUNNING
+                    self.ctl.learner["state"] = int(shm.ProcState.RUNNING)
+            k -= chunk
+            self.updates_since_publish += chunk
+            if self.updates_since_publish >= self.ao.weight_publish_interval:
+                self.publish()
+            self.beat()
+
+    # ------------------------------------------------------------------ main loop
+    def beat(self) -> None:
+        self.ctl.learner["heartbeat_ns"] = time.monotonic_ns()
+
+    def stop_reason(self, stop: dict) -> str | None:
+        if stop["signal"] is not None or self.ctl.stop_requested():
+            return f"stop requested ({'signal ' + str(stop['signal']) if stop['signal'] else 'launcher'})"
+        now = time.perf_counter()
+        if now - self.last_liveness >= 0.5:
+            self.last_liveness = now
+            if not shm.job_is_alive(self.cfg.job_name):
+                self.exit_code = 1
+                return "the launcher is gone (its lock on the control segment was released)"
+        return None
+
+    def run(self, stop: dict) -> int:
+        """Hold until every collector attached, then iterate until the budget or a stop; finish."""
+        self.exit_code, self.idle_sleep = 0, 0.0
+        reason = self.wait_for_collectors(stop)
+        self.telemetry.start(self.env_steps)
+        self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
+        while reason is None and self.env_steps < self.total_env_steps:
+            reason = self.stop_reason(stop)
+            if reason is None:
+                self.iteration()
+        return self.finish(reason or "finished")
+
+    def iteration(self) -> None:
+        """One pass of named steps: attach, ingest, update (+ publish), status, log, checkpoint."""
+        self.beat()
+        now = time.perf_counter()
+        if now - self.last_attach >= ATTACH_RETRY_S:
+            self.last_attach = now
+            self.attach_collectors()
+        slots, transitions = self.ingest()
+        transitions = self.count(slots, transitions)
+        self.env_steps += transitions
+        self.telemetry.add_batches(transitions / self.batch_envs)
+        k = self.updates_to_run(transitions)
+        if self.cfg.algo.num_updates == 0 and slots:
+            # Collect-only runs still exercise the broadcast: one "update" per ingested slot.
+            self.updates_since_publish += slots
+            if self.updates_since_publish >= self.ao.weight_publish_interval:
+                self.publish()
+        self.update(k)
+        self.idle(busy=bool(slots or k))
+        self.ctl.learner.update(env_steps=self.env_steps, num_updates=self.agent.num_updates_done)
+        if time.perf_counter() - self.last_status >= STATUS_INTERVAL_S:
+            self.last_status = time.perf_counter()
+            self.telemetry.refresh_status()
+        self.evaluation.poll()
+        if self.telemetry.due(self.env_steps):
+            self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
+        self.checkpoint_if_due()
+
+    def idle(self, busy: bool) -> None:
+        if busy:
+            self.idle_sleep = 0.0
+            return
+        self.idle_sleep = min(max(self.idle_sleep * 2, IDLE_SLEEP_MIN_S), IDLE_SLEEP_MAX_S)
+        time.sleep(self.idle_sleep)
+
+    def checkpoint_if_due(self) -> None:
+        it = self.env_steps // self.batch_envs
+        if not self.cfg.checkpoint.interval or it < self.next_ckpt_it or self.env_steps >= self.total_env_steps:
+            return
+        self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
+        if not self.writes_checkpoints:
+            return
+        with heartbeat_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
+            try:
+                run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
+            except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
+                log(ROLE, f"error: {exc}; training goes on, next try at iteration {self.next_ckpt_it:,}")
+
+    def finish(self, reason: str) -> int:
+        """Final metrics (however short the run), final checkpoint, final state; the exit code."""
+        self.evaluation.finish(self, reason == "finished")
+        if self.telemetry.has_news(self.env_steps, self.agent.num_updates_done):
+            self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
+        self.telemetry.refresh_status()
+        self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
+        self.final_checkpoint(reason)
+        self.ctl.learner["state"] = int(shm.ProcState.FINISHED if self.exit_code == 0 else shm.ProcState.FAILED)
+        return self.exit_code
+
+    def final_checkpoint(self, reason: str) -> None:
+        if not self.writes_checkpoints:
+            log(ROLE, f"{reason} at env step {self.env_steps:,} (rank 0 writes the checkpoints)")
+            return
+        try:
+            path = run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
+            log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")
+        except run_state.CheckpointSaveError as exc:  # the job did not end whole: exit 1 with the reason
+            log(ROLE, f"error: {reason}, but the final checkpoint failed: {exc}")
+            self.exit_code = 1
+
+    def _next_multiple(self, interval: int) -> int:
+        it = self.env_steps // self.batch_envs
+        return (it // interval + 1) * interval if interval else math.inf
+
+    def close(self) -> None:
+        self.evaluation.close()
+        self.telemetry.close()
+        for feed in self.feeds:
+            feed.close()
+        self.ctl.close()

@@ -1,0 +1,57 @@
+"""The learner: drains every collector's ring, trains FastSAC, broadcasts actor weights.
+
+    python -m fastsac.learner_main --config JOB.yaml [--learner-index I] [key=value ...]
+
+Started by the launcher on the GPU's NUMA node (which first creates the job's control
+segment; the learner attaches to it by job_name). It owns the agent, the replay buffer,
+TensorBoard logging and checkpoints; SIGTERM/SIGINT or the launcher's stop flag end it
+gracefully with a final checkpoint.
+
+Loop: drain up to max_ingest_per_iter slots from all rings (copy out through a reusable
+staging buffer, pinned on CUDA, one host->device copy per ring, read cursor committed
+after the copy) -> updates by utd_mode -> publish weights every weight_publish_interval
+updates (flatten + device->host once, then a non-blocking seqlock write per collector).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastsac.process import setup as process_setup
+ROLE = "learner"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fastsac.learner_main",
+        description="Run the fastsac learner of a job whose control segment the launcher created "
+                    "(fastsac-launch starts it for you).")
+    p.add_argument("--learner-index", type=int, default=0,
+                   help="which of this machine's learners this is (0-based; distributed.num_learners > 1)")
+    process_setup.add_common_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ctx = process_setup.start(ROLE, build_parser(), argv)
+    if ctx.args.check_numa:
+        from fastsac.process.numa_check import run_learner_check
+        return run_learner_check(ctx)
+    from fastsac.run.torch_runtime import configure_torch
+    configure_torch(process_setup.torch_threads(ctx))
+    from fastsac.run.checkpoint import CheckpointError
+    from fastsac.config import ConfigError
+    from fastsac.machine.learner_plan import is_group
+    from fastsac.shm_layout import ShmLayoutError
+    failures: tuple = (ShmLayoutError,)
+    if is_group(ctx.cfg):   # torch.distributed is imported only by a learner group
+        from fastsac.learner.distributed import DistributedError
+        from fastsac.learner.group_loop import GroupLearner as Learner
+        failures += (DistributedError,)
+    else:
+        from fastsac.learner.loop import Learner
+    return process_setup.build_and_run(ROLE, lambda: Learner(ctx), (ConfigError, CheckpointError), failures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""One staging area for every ring: the learner's host->device path.
+
+Each ingest round the learner copies the ready slots of all collectors into ONE host buffer
+(pinned on CUDA, allocated by the learner, so on its NUMA node), packed: per collector the
+dense part of its k slots, then only the final-observation rows that episodes really used,
+never a slot's reserved space. The used bytes go to the device in ONE non-blocking copy, and the
+replay buffer is extended from device views of it. On CPU the staging buffer is the destination
+(no copy at all); the code path is the same.
+
+A transition byte is therefore copied twice between env and replay buffer on a CPU learner
+(env -> ring slot by the collector, ring -> staging by the learner; the buffer write is the
+third) and three times on CUDA (plus staging -> device): the ring copy is what lets the
+collector reuse its slot at once, and the pinned staging is what makes the device copy one
+large asynchronous DMA instead of k x fields small synchronous ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastsac import shm_layout as shm
+from fastsac.learner.feed import CollectorFeed
+from fastsac.common.transition import TransitionBatch
+
+_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.uint8): torch.uint8,
+                 np.dtype(np.int64): torch.int64}
+
+
+def _align(n: int) -> int:
+    return (n + shm.CACHE_LINE - 1) // shm.CACHE_LINE * shm.CACHE_LINE
+
+
+@dataclass
+class StagedRun:
+    """k slots of one collector in the staging buffer."""
+    feed: CollectorFeed
+    k: int
+    dense_at: int                 # byte offset of the [k, dense_nbytes] block
+    finals_at: int                # byte offset of the packed final rows
+    offsets: list[int]            # per slot: offset of its final rows after finals_at (-1: none)
+    headers: np.ndarray           # int64 [k, 8] copy of the slot headers (columns shm.HDR)
+
+
+class IngestStaging:
+    def __init__(self, specs: list["shm.RingSpec"], max_slots: int, device: torch.device):
+        # Worst case of one round: every slot from the ring with the largest slots, each with all
+        # its final rows (dense + finals <= slot_nbytes, plus alignment of the two pieces).
+        self.nbytes = max_slots * (max(s.slot_nbytes for s in specs) + 2 * shm.CACHE_LINE)
+        self.cuda = device.type == "cuda"
+        self.host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
+        self.dev = torch.empty(self.nbytes, dtype=torch.uint8, device=device) if self.cuda else self.host
+        self.host_np = self.host.numpy()
+        self.copy_done = torch.cuda.Event() if self.cuda else None
+        self.used = 0
+        self.copies = 0          # host->device copies issued (one per round that staged anything)
+
+    def begin(self) -> None:
+        """Start a round: the previous round's device copy must be done before we overwrite."""
+        if self.copy_done is not None:
+            self.copy_done.synchronize()
+        self.used = 0
+
+    def take(self, feed: CollectorFeed, max_slots: int) -> StagedRun:
+        """Copy up to max_slots of the feed's ready slots into the buffer (not released yet)."""
+        spec, at = feed.spec, self.used
+        room = (self.nbytes - at) // (spec.slot_nbytes + 2 * shm.CACHE_LINE)
+        k = min(feed.available(), max_slots, room)   # only the learner releases: k slots stay ready
+        dense = self.host_np[at:at + k * spec.dense_nbytes].reshape(k, spec.dense_nbytes)
+        finals_at = _align(at + k * spec.dense_nbytes)
+        k, offsets, finals_nbytes = feed.ring.copy_out(dense, self.host_np[finals_at:], k)
+        self.used = _align(finals_at + finals_nbytes)
+        return StagedRun(feed, k, at, finals_at, offsets, shm.staged_headers(dense, k).copy())
+
+    def dense_rows(self, run: StagedRun) -> np.ndarray:
+        return self.host_np[run.dense_at:run.dense_at + run.k * run.feed.spec.dense_nbytes].reshape(
+            run.k, run.feed.spec.dense_nbytes)
+
+    def final_rows(self, run: StagedRun) -> np.ndarray:
+        return self.host_np[run.finals_at:self.nbytes]
+
+    def rewind(self, run: StagedRun) -> None:
+        """Forget a run (its collector was dropped): the next one overwrites its bytes."""
+        self.used = run.dense_at
+
+    def send(self) -> None:
+        """ONE host->device copy of everything staged this round (non-blocking from pinned memory)."""
+        if self.cuda and self.used:
+            self.dev[:self.used].copy_(self.host[:self.used], non_blocking=True)
+            self.copy_done.record()
+        if self.used:
+            self.copies += 1
+
+    def slots(self, run: StagedRun):
+        """Per slot: a TransitionBatch of device tensors, views of the staged bytes."""
+        spec = run.feed.spec
+        block = self.dev[run.dense_at:run.dense_at + run.k * spec.dense_nbytes].view(run.k, spec.dense_nbytes)
+        dense = {f.name: block[:, f.offset:f.offset + f.nbytes].view(_TORCH_DTYPES[f.dtype]).unflatten(1, f.shape)
+                 for f in spec.slot_fields() if f.name != "header" and f.offset < spec.dense_nbytes}
+        for j in range(run.k):
+            nf = int(run.headers[j, shm.HDR["num_final"]])
+            values = dict.fromkeys(("critic_obs", "final_critic_obs"))   # None unless the task has them
+            values.update({name: v[j] for name, v in dense.items()})
+            base = run.finals_at + run.offsets[j]
+            for f, off, nbytes in spec.final_rows_layout(nf):
+                rows = self.dev[base + off:base + off + nbytes] if run.offsets[j] >= 0 else self.dev[:0]
+                values[f.name] = rows.view(_TORCH_DTYPES[f.dtype]).reshape(nf, *f.shape[1:])
+            yield TransitionBatch(**values)

@@ -1,0 +1,575 @@
+"""Job plan: which process runs where, on which CPUs, with which envs, seed and command line.
+
+`plan_job(cfg, topo, ...)` is a pure function of the config, the discovered Topology and the
+launch parameters: no process is started and nothing is read from the machine (numactl's
+location is looked up on PATH unless given). The launcher executes the plan; `--plan` prints
+it with `format_plan`; tests check it field by field.
+
+Rules (the why is in docs/design.md, "Topology and placement"):
+  * binding   'off': no numactl, no binding, every process on all allowed CPUs (node None).
+              A placement key (numa_nodes, cpus_per_collector, learner_numa_node, placement
+              'colocate') with 'off' is a contradiction (ConfigError), never silently ignored.
+              'auto' (default): binds when it pays, i.e. several collectors on a machine where
+              this process may use several NUMA nodes, or a placement key asks for it; then
+              numactl when installed (and the kernel has NUMA), else 'inprocess'. Otherwise it
+              is 'off' (one collector, or one usable node), with the exact unbound plan.
+              'numactl': argv is prefixed with `numactl --cpunodebind=N --membind=N` (or
+              `--physcpubind=<cpus>` when the process gets a slice of a node: --cpunodebind
+              would hand it the whole node and the slice would be a wish, not a binding).
+              'inprocess': argv carries `--bind-node N --bind-cpus L`; the process calls
+              fastsac.machine.binding.bind_from_argv() first thing.
+  * learner   node: learner_numa_node, else the GPU's node, else the lowest usable node
+              (node 0 on an unrestricted machine). CPUs: the node's CPUs not given to
+              collectors; if none remain it shares the node's CPUs (plan note).
+  * collectors node: numa_nodes[i] if given; else 'spread' (i-th usable node, round-robin) or
+              'colocate' (the learner's node). Collectors on one node get contiguous disjoint
+              CPU slices in core order (SMT siblings stay together): cpus_per_collector each,
+              or the node's CPUs divided evenly (the first ones get one extra) when it is 0.
+  * envs      collector i owns the fixed block [first, first + count): counts differ by at
+              most one, the first (num_envs % n) collectors get the extra env. seed = seed + i.
+
+Invariants of a JobPlan: collector ids are 0..n-1 in order; env blocks are contiguous, disjoint
+and cover 0..num_envs-1; with binding on, collectors' CPU sets are pairwise disjoint and each is
+a subset of its node's usable CPUs, and the learner's CPUs are a subset of its node's; with
+binding off every process has node None and the allowed CPUs.
+"""
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from fastsac.machine import learner_plan as lp
+from fastsac.machine.binding import thread_env
+from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
+from fastsac.machine.topology import NumaNode, Topology, format_cpulist
+
+__all__ = [
+    "ProcessPlan", "LearnerPlan", "CollectorPlan", "JobPlan", "plan_job", "split_envs", "format_plan", "plan_to_json",
+    "LEARNER_MODULE", "COLLECTOR_MODULE", "EVALUATOR_MODULE",
+]
+
+BindingMethod = Literal["numactl", "inprocess", "off"]
+LEARNER_MODULE = "fastsac.learner_main"
+COLLECTOR_MODULE = "fastsac.collector_main"
+EVALUATOR_MODULE = "fastsac.evaluator_main"
+_AO = "trainer.async_options"
+
+
+class _Which:
+    """Sentinel: look numactl up on PATH (None means "numactl is not available")."""
+    def __repr__(self) -> str:
+        return "shutil.which('numactl')"
+
+
+_WHICH = _Which()
+
+
+# --------------------------------------------------------------------------- dataclasses
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessPlan:
+    """One process of the job.
+
+    node: NUMA node it is bound to; None when binding is off.
+    cpus: CPUs it may run on (with binding off: every allowed CPU).
+    env:  extra environment for the child (thread-pool sizes = len(cpus)), as sorted pairs.
+    argv: the exact command; argv[0] is numactl or the interpreter.
+    """
+    role: Literal["learner", "collector", "evaluator"]
+    node: int | None
+    cpus: tuple[int, ...]
+    binding: BindingMethod
+    device: str
+    seed: int
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.role
+
+    @property
+    def command(self) -> str:
+        """argv shell-quoted, ready to paste into a terminal."""
+        return shlex.join(self.argv)
+
+    @property
+    def shell_command(self) -> str:
+        """`VAR=value ... command`: what a person types to start it with the planned thread env."""
+        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env), self.command])
+
+    @property
+    def cpulist(self) -> str:
+        return format_cpulist(self.cpus)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerPlan(ProcessPlan):
+    """A learner: local index on this machine, global rank in the job's learner group (0 and 0
+    with one learner); named 'learner <i>' only when this machine runs several."""
+    learner_index: int = 0
+    global_rank: int = 0
+    node_rank: int = 0
+    several: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"learner {self.learner_index}" if self.several else "learner"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectorPlan(ProcessPlan):
+    """A collector: owns envs [env_first, env_first + env_count). manual: a person starts it.
+    learner_index: the local learner that drains its ring and feeds its snapshot."""
+    collector_id: int
+    env_first: int
+    env_count: int
+    manual: bool = False
+    learner_index: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"collector {self.collector_id}"
+
+    @property
+    def env_stop(self) -> int:
+        return self.env_first + self.env_count
+
+    @property
+    def env_ids(self) -> range:
+        return range(self.env_first, self.env_stop)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The whole job. See the module docstring for the invariants.
+
+    binding: the method actually used ('auto' resolved); requested_binding: the config value.
+    placement: 'explicit' (numa_nodes), 'spread', 'colocate', or 'none' when binding is off.
+    """
+    learners: tuple[LearnerPlan, ...]
+    collectors: tuple[CollectorPlan, ...]
+    binding: BindingMethod
+    requested_binding: str
+    placement: str
+    numactl: str | None
+    config_path: str
+    topology: Topology = field(compare=False)
+    notes: tuple[str, ...] = ()
+    evaluator: ProcessPlan | None = None   # eval.interval > 0 (async): the evaluator process
+    world_size: int = 1          # learners in the whole job (all machines); 1 = no learner group
+
+    @property
+    def learner(self) -> LearnerPlan:
+        """The first local learner (the only one unless distributed.num_learners > 1)."""
+        return self.learners[0]
+
+    @property
+    def processes(self) -> tuple[ProcessPlan, ...]:
+        return (*self.learners, *self.collectors, *((self.evaluator,) if self.evaluator else ()))
+
+    @property
+    def manual_collectors(self) -> tuple[CollectorPlan, ...]:
+        return tuple(c for c in self.collectors if c.manual)
+
+
+# --------------------------------------------------------------------------- planning
+
+def split_envs(num_envs: int, num_collectors: int) -> tuple[tuple[int, int], ...]:
+    """(first, count) per collector: contiguous blocks, the first num_envs % n get one extra."""
+    if num_collectors < 1:
+        raise ConfigError(f"{_AO}.num_collectors: {num_collectors} is out of range; expected a value >= 1")
+    if num_envs < num_collectors:
+        raise ConfigError(f"env.num_envs: {num_envs} is fewer than {_AO}.num_collectors ({num_collectors}); "
+                          "every collector needs at least one env")
+    base, extra = divmod(num_envs, num_collectors)
+    out, first = [], 0
+    for i in range(num_collectors):
+        count = base + (1 if i < extra else 0)
+        out.append((first, count))
+        first += count
+    return tuple(out)
+
+
+def _ids(ids) -> str:
+    return ", ".join(str(i) for i in ids) or "none"
+
+
+def _check_node(key: str, node_id: int, topo: Topology) -> NumaNode:
+    """The node `key` asks for, or a ConfigError that says what exists and what is usable."""
+    usable = _ids(topo.usable_node_ids)
+    if node_id < 0:
+        raise ConfigError(f"{key}: {node_id} is not a NUMA node id; node ids are >= 0 (usable nodes: {usable})")
+    if not topo.has_node(node_id):
+        raise ConfigError(f"{key}: node {node_id} does not exist; this machine has node(s) "
+                          f"{_ids(topo.node_ids)} (usable: {usable})")
+    node = topo.node(node_id)
+    if not node.usable:
+        raise ConfigError(f"{key}: node {node_id} is not usable by this process: {node.unusable_reason}; "
+                          f"usable nodes: {usable}")
+    return node
+
+
+def _auto_binds(ao: AsyncOptions, topo: Topology, notes: list[str]) -> bool:
+    """Does numa_binding 'auto' bind this job? Several collectors and several usable nodes, or a
+    placement key that only means something bound. One collector stays unbound (its plan is the
+    same as with 'off'): binding it would only move the learner and it away from each other."""
+    if placement_keys_set(ao):
+        return True
+    if ao.num_collectors > 1 and len(topo.usable_nodes) > 1:
+        return True
+    if ao.num_collectors > 1:
+        notes.append(f"numa_binding 'auto' binds nothing: this process can use one NUMA node only; set {_AO}."
+                     "numa_binding to 'numactl' or 'inprocess' (or give cpus_per_collector) to pin collectors "
+                     "to CPU slices of it")
+    return False
+
+
+def _resolve_binding(ao: AsyncOptions, numactl: str | None, topo: Topology, notes: list[str]) -> BindingMethod:
+    key = f"{_AO}.numa_binding"
+    requested = ao.numa_binding
+    if requested == "off":
+        check_binding_keys(ao)  # config.py refuses a placement key with 'off' too; the plan must not trust it
+        return "off"
+    if requested == "numactl":
+        if not numactl:
+            raise ConfigError(f"{key}: 'numactl' but no numactl executable was found on PATH; install it "
+                              "(Debian/Ubuntu: apt-get install numactl; RHEL: dnf install numactl) or use "
+                              "'inprocess' (each process binds itself), 'auto' or 'off'")
+        if not topo.numa_supported:
+            raise ConfigError(f"{key}: 'numactl' but this kernel exposes no NUMA nodes (no "
+                              f"{topo.sysfs_root}/devices/system/node), where numactl refuses to run; "
+                              "use 'inprocess', 'auto' or 'off'")
+        return "numactl"
+    if requested == "auto":
+        if not _auto_binds(ao, topo, notes):
+            return "off"
+        if numactl and topo.numa_supported:
+            return "numactl"
+        notes.append("numa_binding 'auto' -> 'inprocess': " + (
+            "numactl is not on PATH" if not numactl else "the kernel exposes no NUMA nodes")
+            + "; each process binds itself before importing torch")
+        return "inprocess"
+    if requested == "inprocess":
+        return "inprocess"
+    raise ConfigError(f"{key}: {requested!r} is not valid; expected one of 'off', 'auto', 'numactl', 'inprocess'")
+
+
+def _learner_node(cfg: Config, topo: Topology, notes: list[str], device: str | None = None) -> int:
+    ao = cfg.trainer.async_options
+    key = f"{_AO}.learner_numa_node"
+    if ao.learner_numa_node < -1:
+        raise ConfigError(f"{key}: {ao.learner_numa_node} is not valid; expected -1 (the GPU's node) or a "
+                          f"node id ({_ids(topo.usable_node_ids)})")
+    if ao.learner_numa_node >= 0:
+        return _check_node(key, ao.learner_numa_node, topo).id
+    fallback = topo.usable_nodes[0].id
+    device = cfg.device if device is None else device
+    gpu = topo.gpu_node_for(device)
+    if gpu >= 0 and topo.node(gpu).usable:
+        return gpu
+    if gpu >= 0:
+        notes.append(f"the GPU is on node {gpu}, but {topo.node(gpu).unusable_reason}; the learner runs on "
+                     f"node {fallback} and its host-device copies cross the socket link")
+    elif device == "cpu":
+        notes.append(f"learner device is 'cpu' (no GPU node): learner on node {fallback}; "
+                     f"set {key} to choose another")
+    else:
+        notes.append(f"the GPU's NUMA node is unknown (see the topology notes): learner on node {fallback}; "
+                     f"set {key} if you know the GPU's node")
+    return fallback
+
+
+def _collector_nodes(cfg: Config, topo: Topology, learner_node: int) -> tuple[list[int], str]:
+    ao = cfg.trainer.async_options
+    n = ao.num_collectors
+    if ao.numa_nodes:
+        if len(ao.numa_nodes) != n:  # config.py checks this too; the plan must not trust its caller
+            raise ConfigError(f"{_AO}.numa_nodes: {ao.numa_nodes} has {len(ao.numa_nodes)} entries but "
+                              f"num_collectors is {n}; give one node per collector or leave it empty")
+        return [_check_node(f"{_AO}.numa_nodes[{i}]", nid, topo).id for i, nid in enumerate(ao.numa_nodes)], \
+            "explicit"
+    if ao.placement == "spread":
+        usable = topo.usable_node_ids
+        return [usable[i % len(usable)] for i in range(n)], "spread"
+    if ao.placement == "colocate":
+        return [learner_node] * n, "colocate"
+    raise ConfigError(f"{_AO}.placement: {ao.placement!r} is not valid; expected one of 'spread', 'colocate'")
+
+
+def _cpu_slices(cfg: Config, topo: Topology, nodes: list[int]) -> list[tuple[int, ...]]:
+    """Contiguous disjoint CPU slices (in core order) for the collectors sharing each node."""
+    per = cfg.trainer.async_options.cpus_per_collector
+    key = f"{_AO}.cpus_per_collector"
+    if per < 0:
+        raise ConfigError(f"{key}: {per} is out of range; expected a value >= 0 (0 = the node's CPUs shared evenly)")
+    slices: list[tuple[int, ...]] = [()] * len(nodes)
+    for nid in sorted(set(nodes)):
+        node = topo.node(nid)
+        order = node.core_ordered_cpus
+        members = [i for i, x in enumerate(nodes) if x == nid]
+        k, have = len(members), len(order)
+        who = f"collector{'s' if k > 1 else ''} {_ids(members)}"
+        if per > have:
+            raise ConfigError(f"{key}: {per} is more than node {nid} has ({have} usable CPUs: "
+                              f"{format_cpulist(order)})")
+        if per and per * k > have:
+            raise ConfigError(f"{key}: {per} x {k} collectors on node {nid} ({who}) needs {per * k} CPUs but "
+                              f"node {nid} has {have} usable CPUs ({format_cpulist(order)}); lower "
+                              f"cpus_per_collector to at most {have // k}, or place fewer collectors there")
+        if not per and k > have:
+            raise ConfigError(f"{_AO}.num_collectors: {k} collectors on node {nid} ({who}) but node {nid} has only "
+                              f"{have} usable CPU{'s' if have != 1 else ''} ({format_cpulist(order)}); every "
+                              "collector needs its own CPU: use fewer collectors or spread them "
+                              f"({_AO}.placement / numa_nodes)")
+        sizes = [per] * k if per else [have // k + (1 if j < have % k else 0) for j in range(k)]
+        start = 0
+        for member, size in zip(members, sizes):
+            slices[member] = tuple(sorted(order[start:start + size]))
+            start += size
+    return slices
+
+
+def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[str] = (),
+             python: str = sys.executable, numactl_path: str | None | _Which = _WHICH) -> JobPlan:
+    """Plan the learner and every collector. Pure; raises ConfigError for an impossible layout.
+
+    config_path / overrides are passed verbatim to every child, so each child re-loads exactly
+    the config the launcher validated. numactl_path: default shutil.which('numactl'); None =
+    numactl is not available (tests pass both explicitly).
+    """
+    from fastsac.shm_layout import MAX_COLLECTORS  # the layout's constant (numpy is imported only here)
+    numactl = shutil.which("numactl") if isinstance(numactl_path, _Which) else numactl_path
+    ao = cfg.trainer.async_options
+    n = ao.num_collectors
+    if n > MAX_COLLECTORS:  # the control block has a fixed record per possible collector
+        raise ConfigError(f"{_AO}.num_collectors: {n} is out of range; a job has at most {MAX_COLLECTORS} "
+                          "collectors (the shared-memory layout's maximum)")
+    blocks = split_envs(cfg.env.num_envs, n)
+    for i, cid in enumerate(ao.manual_collectors):
+        if not 0 <= cid < n:
+            raise ConfigError(f"{_AO}.manual_collectors[{i}]: {cid} is not a collector id; valid ids are 0..{n - 1}")
+    overrides = [str(o) for o in overrides]
+    notes: list[str] = []
+    method = _resolve_binding(ao, numactl, topo, notes)
+    devices = lp.learner_devices(cfg, topo)
+
+    if method == "off":
+        have = len(topo.allowed_cpus)
+        if n > have:  # the bound case checks this per node in _cpu_slices
+            raise ConfigError(f"{_AO}.num_collectors: {n} collectors but this process may use only {have} "
+                              f"CPU{'s' if have != 1 else ''} ({format_cpulist(topo.allowed_cpus)}); every collector "
+                              f"needs its own CPU: use at most {have} collector{'s' if have != 1 else ''}")
+        learner_node, nodes, placement = None, [None] * n, "none"
+        learner_cpus, slices = topo.allowed_cpus, [topo.allowed_cpus] * n
+        learner_nodes, learner_cpu_sets = [None] * len(devices), [tuple(learner_cpus)] * len(devices)
+    else:
+        if not topo.usable_nodes:
+            raise ConfigError(f"{_AO}.numa_binding: {ao.numa_binding!r} needs a usable NUMA node but this process "
+                              "can use none: " + "; ".join(f"node {x.id}: {x.unusable_reason}" for x in topo.nodes)
+                              + "; fix the cpuset/affinity or set numa_binding: off")
+        learner_nodes = [_learner_node(cfg, topo, notes, dev) for dev in devices]
+        learner_node = learner_nodes[0]
+        nodes, placement = _collector_nodes(cfg, topo, learner_node)
+        slices = _cpu_slices(cfg, topo, nodes)
+        learner_cpus = _learner_cpus(topo, learner_node, nodes, slices, notes)
+        learner_cpu_sets = _learners_cpus(topo, learner_nodes, nodes, slices, notes) if len(devices) > 1 \
+            else [tuple(learner_cpus)]
+        _note_idle_cpus(topo, nodes, slices, learner_node, {c for s in learner_cpu_sets for c in s}, notes)
+    notes[:] = list(dict.fromkeys(notes))   # several learners on one node would repeat its notes
+    owner = lp.assign_collectors(cfg, learner_nodes, nodes)
+    # a job's evaluator runs next to learner rank 0 (rank 0 logs its results); other machines plan none
+    evaluator_cpus, learner_cpu_sets[0] = _evaluator_cpus(cfg, method, tuple(learner_cpu_sets[0]), notes) \
+        if cfg.distributed.node_rank == 0 else (None, learner_cpu_sets[0])
+
+    def argv_for(module: str, node: int | None, cpus: tuple[int, ...], extra: list[str]) -> tuple[str, ...]:
+        prefix: list[str] = []
+        bind: list[str] = []
+        if method == "numactl":
+            whole = set(cpus) == set(topo.node(node).cpus)
+            prefix = [numactl, f"--cpunodebind={node}" if whole else f"--physcpubind={format_cpulist(cpus)}",
+                      f"--membind={node}"]
+        elif method == "inprocess":
+            bind = ["--bind-node", str(node), "--bind-cpus", format_cpulist(cpus)]
+        return tuple([*prefix, python, "-m", module, "--config", config_path, *extra, *bind, *overrides])
+
+    def env_for(cpus: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(thread_env(max(1, len(cpus))).items()))
+
+    several = len(devices) > 1
+    learners = tuple(
+        LearnerPlan(role="learner", node=learner_nodes[k], cpus=learner_cpu_sets[k], binding=method,
+                    device=devices[k], seed=cfg.seed, learner_index=k, global_rank=rank,
+                    node_rank=cfg.distributed.node_rank, several=several,
+                    argv=argv_for(LEARNER_MODULE, learner_nodes[k], learner_cpu_sets[k],
+                                  [lp.LEARNER_INDEX_ARG, str(k)] if several else []),
+                    env=env_for(learner_cpu_sets[k]))
+        for k, rank in enumerate(lp.ranks(cfg)))
+    evaluator = None if evaluator_cpus is None else ProcessPlan(
+        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=_eval_seed(cfg),
+        argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), env=env_for(evaluator_cpus))
+    manual = set(ao.manual_collectors)
+    collectors = tuple(
+        CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=tuple(slices[i]), binding=method,
+                      device=ao.collector_inference_device, seed=cfg.seed + i,
+                      env_first=blocks[i][0], env_count=blocks[i][1], manual=i in manual, learner_index=owner[i],
+                      argv=argv_for(COLLECTOR_MODULE, nodes[i], tuple(slices[i]), ["--collector-id", str(i)]),
+                      env=env_for(tuple(slices[i])))
+        for i in range(n))
+    if manual:
+        many = len(manual) > 1
+        notes.append(f"collector{'s' if many else ''} {_ids(sorted(manual))} must be started by hand with the "
+                     f"command shown; the launcher waits for {'them' if many else 'it'}")
+    return JobPlan(learners=learners, collectors=collectors, binding=method, requested_binding=ao.numa_binding,
+                   placement=placement, numactl=numactl if method == "numactl" else None,
+                   config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator,
+                   world_size=lp.world_size(cfg))
+
+
+def _eval_seed(cfg: Config) -> int:
+    # numpy derives it: imported only for a plan with an evaluator (binding's imports stay numpy-free)
+    from fastsac.common.seeds import resolve_eval_seed
+    return resolve_eval_seed(cfg)
+
+
+def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: list[str]) -> tuple[int, ...]:
+    taken = {c for nid, s in zip(nodes, slices) if nid == node for c in s}
+    own = topo.node(node).core_ordered_cpus
+    rest = tuple(sorted(c for c in own if c not in taken))
+    if rest:
+        return rest
+    sharers = [i for i, nid in enumerate(nodes) if nid == node]
+    notes.append(f"the learner shares node {node}'s CPUs ({format_cpulist(own)}) with collector"
+                 f"{'s' if len(sharers) > 1 else ''} {_ids(sharers)}: none are left over; set "
+                 f"{_AO}.cpus_per_collector to leave some for the learner")
+    return tuple(sorted(own))
+
+
+def _learners_cpus(topo: Topology, learner_nodes: list, nodes: list, slices: list, notes: list[str]) -> list:
+    """Several learners: each node's left-over CPUs in disjoint slices among the learners there."""
+    out: list = [()] * len(learner_nodes)
+    for nid in sorted(set(learner_nodes)):
+        members = [k for k, x in enumerate(learner_nodes) if x == nid]
+        rest = _learner_cpus(topo, nid, nodes, slices, notes)
+        for k, cpus in zip(members, lp.learner_cpu_slices(rest, len(members))):
+            out[k] = cpus
+    return out
+
+
+def _evaluator_cpus(cfg: Config, method: str, learner_cpus: tuple[int, ...], notes: list[str]):
+    """(the evaluator's CPUs or None without one, the learner's CPUs after that). Bound: the last
+    eval.cpus of the learner's CPUs, which the learner gives up while it keeps at least one;
+    otherwise it shares them (a note). Binding off: every allowed CPU, like every process."""
+    if cfg.eval.interval <= 0 or not cfg.trainer.asynchronous:
+        return None, learner_cpus
+    if method == "off":
+        return learner_cpus, learner_cpus
+    k = cfg.eval.cpus
+    if len(learner_cpus) > k:
+        return learner_cpus[-k:], learner_cpus[:-k]
+    notes.append(f"the evaluator shares the learner's CPUs ({format_cpulist(learner_cpus)}): eval.cpus={k} would "
+                 "leave the learner none")
+    return learner_cpus, learner_cpus
+
+
+def _note_idle_cpus(topo: Topology, nodes: list, slices: list, learner_node: int, learner_cpus, notes) -> None:
+    used = {c for s in slices for c in s} | set(learner_cpus)
+    for nid in sorted(set(nodes) | {learner_node}):
+        idle = [c for c in topo.node(nid).cpus if c not in used]
+        if idle:
+            notes.append(f"node {nid}: CPUs {format_cpulist(idle)} are used by no process")
+
+
+# --------------------------------------------------------------------------- output
+
+def _env_range(p: ProcessPlan) -> str:
+    if not isinstance(p, CollectorPlan):
+        return "-"
+    last = p.env_stop - 1
+    ids = str(p.env_first) if p.env_count == 1 else f"{p.env_first}-{last}"
+    return f"{ids} ({p.env_count})"
+
+
+def format_plan(plan: JobPlan) -> str:
+    """Human-readable plan: topology, one table row per process, then the exact commands."""
+    nl = len(plan.learners)
+    head = (f"job plan: {nl} learner{'s' if nl > 1 else ''} + {len(plan.collectors)} collector(s); "
+            f"NUMA binding {plan.binding}"
+            # 'auto' that binds nothing prints exactly what 'off' prints (the default job's plan)
+            + (f" (requested {plan.requested_binding})"
+               if plan.requested_binding != plan.binding and plan.binding != "off" else "")
+            + (f", placement {plan.placement}" if plan.placement != "none" else ""))
+    rows = [("process", "node", "CPUs", "envs", "seed", "device", "threads", "binding")]
+    for p in plan.processes:
+        rows.append((p.name + (" (manual)" if isinstance(p, CollectorPlan) and p.manual else ""),
+                     "-" if p.node is None else str(p.node), p.cpulist or "-", _env_range(p),
+                     str(p.seed),
+                     p.device, p.env_dict.get("OMP_NUM_THREADS", "-"), p.binding))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [head, plan.topology.describe(), ""]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append("")
+    lines.append("commands:")
+    label_w = max(len(p.name) for p in plan.processes) + 1
+    for p in plan.processes:
+        if isinstance(p, CollectorPlan) and p.manual:  # a person needs the thread env spelled out too
+            lines.append(f"  {(p.name + ':').ljust(label_w)} start by hand: {p.shell_command}")
+        else:
+            lines.append(f"  {(p.name + ':').ljust(label_w)} {p.command}")
+    lines.append("  (the launcher sets OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS, ... of each "
+                 "process to its threads column)")
+    if plan.world_size > 1:   # a one-learner job's plan reads as it always did
+        lines += lp.format_learners(plan.learners, plan.collectors)
+    notes = list(plan.notes) + list(plan.topology.notes)
+    if notes:
+        lines.append("notes:")
+        lines += [f"  - {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _process_json(p: ProcessPlan) -> dict:
+    d = {"name": p.name, "role": p.role, "node": p.node, "cpus": list(p.cpus), "cpulist": p.cpulist,
+         "binding": p.binding, "device": p.device, "seed": p.seed, "argv": list(p.argv),
+         "command": p.command, "env": p.env_dict}
+    if isinstance(p, CollectorPlan):
+        d.update(collector_id=p.collector_id, env_first=p.env_first, env_count=p.env_count, manual=p.manual)
+    return d
+
+
+def plan_to_json(plan: JobPlan) -> dict:
+    """The plan as plain JSON types (json.dumps-able), for `--plan --json` and test fixtures."""
+    t = plan.topology
+    return {
+        "binding": plan.binding,
+        "requested_binding": plan.requested_binding,
+        "placement": plan.placement,
+        "numactl": plan.numactl,
+        "config_path": plan.config_path,
+        "topology": {
+            "sysfs_root": t.sysfs_root, "numa_supported": t.numa_supported, "gpu_node": t.gpu_node,
+            "allowed_cpus": format_cpulist(t.allowed_cpus),
+            "nodes": [{"id": n.id, "cpus": format_cpulist(n.cpus), "all_cpus": format_cpulist(n.all_cpus),
+                       "usable": n.usable, "unusable_reason": n.unusable_reason,
+                       "mem_total_kb": n.mem_total_kb} for n in t.nodes],
+            "gpus": [{"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node} for g in t.gpus],
+            "notes": list(t.notes),
+        },
+        "learner": _process_json(plan.learner),
+        "collectors": [_process_json(c) for c in plan.collectors],
+        "notes": list(plan.notes),
+        **({"evaluator": _process_json(plan.evaluator)} if plan.evaluator else {}),
+        **({"world_size": plan.world_size,
+            "learners": [{**_process_json(p), "learner_index": p.learner_index, "global_rank": p.global_rank,
+                          "node_rank": p.node_rank,
+                          "collectors": [c.collector_id for c in plan.collectors
+                                         if c.learner_index == p.learner_index]} for p in plan.learners],
+            "collector_learners": [c.learner_index for c in plan.collectors]}
+           if plan.world_size > 1 else {}),   # a one-learner job's JSON is what it always was
+    }

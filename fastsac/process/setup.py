@@ -1,0 +1,149 @@
+"""Start-up shared by learner_main and collector_main, in the order that matters:
+
+1. bind (only with `--bind-node/--bind-cpus`, i.e. numa_binding: inprocess) before any heavy
+   import, so thread pools and first-touched pages land on the planned node;
+2. load and validate the config (ConfigError -> exit 2);
+3. recompute the job plan exactly as the launcher did, and refuse to run when the effective
+   CPUs / memory policy differ from this process's entry in it (unless binding is off);
+4. log the effective binding.
+
+The plan is recomputed from the whole machine's CPUs, not this process's affinity: under
+numactl our own affinity is already narrowed to one node. The launcher passes the CPUs it
+planned with in FASTSAC_ALLOWED_CPUS so a container's limits are honoured identically.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+from fastsac.machine import binding
+from fastsac.config import Config, ConfigError, load_config
+from fastsac.errors import EXIT_FAILURE, EXIT_USAGE
+
+ALLOWED_CPUS_ENV = "FASTSAC_ALLOWED_CPUS"
+
+
+@dataclass
+class ProcessContext:
+    args: argparse.Namespace
+    cfg: Config
+    plan: object        # fastsac.machine.plan.JobPlan
+    me: object          # its ProcessPlan / CollectorPlan
+    effective: object   # fastsac.machine.binding.EffectiveBinding
+
+
+def log(role: str, message: str) -> None:
+    print(f"[{role} pid {os.getpid()}] {message}", flush=True)
+
+
+def fail(role: str, message: str, code: int = EXIT_FAILURE):
+    print(f"[{role} pid {os.getpid()}] error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def machine_topology():
+    from fastsac.machine.topology import discover_topology, parse_cpulist
+    allowed = os.environ.get(ALLOWED_CPUS_ENV)
+    if allowed:
+        return discover_topology(allowed_cpus=parse_cpulist(allowed))
+    whole = discover_topology(allowed_cpus=range(os.cpu_count() or 1))
+    return discover_topology(allowed_cpus=[c for n in whole.nodes for c in n.cpus] or None)
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="the job's YAML config (the same file the launcher got)")
+    p.add_argument("--bind-node", type=int, help="numa_binding inprocess: bind this process to node N first thing")
+    p.add_argument("--bind-cpus", help="numa_binding inprocess: CPU list (e.g. 0-3,8) to run on")
+    p.add_argument("--check-numa", action="store_true",
+                   help="torch-free placement check: bind, create/attach and first-touch the segments, "
+                        "print what /proc says, exit")
+    p.add_argument("overrides", nargs="*", help="dotted key=value config overrides (as given to the launcher)")
+
+
+def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) -> ProcessContext:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        binding.bind_from_argv(argv)  # before anything heavy; no-op without --bind-node
+    except binding.BindingError as exc:
+        fail(role, f"binding failed: {exc}")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from fastsac.machine.plan import plan_job
+        plan = plan_job(cfg, machine_topology(), args.config, args.overrides)
+    except ConfigError as exc:
+        fail(role, f"config error: {exc}", EXIT_USAGE)
+    if role == "learner":
+        index = getattr(args, "learner_index", 0)
+        if not 0 <= index < len(plan.learners):
+            fail(role, f"--learner-index {index} is not a learner of this job; valid indices are "
+                       f"0..{len(plan.learners) - 1} (distributed.num_learners={len(plan.learners)})", EXIT_USAGE)
+        me = plan.learners[index]
+    elif role == "evaluator":
+        if plan.evaluator is None:
+            fail(role, "this job has no evaluator: eval.interval is 0 (or the trainer is synchronous)", EXIT_USAGE)
+        me = plan.evaluator
+    else:
+        if not 0 <= args.collector_id < len(plan.collectors):
+            fail(role, f"--collector-id {args.collector_id} is not a collector of this job; valid ids are "
+                       f"0..{len(plan.collectors) - 1} (trainer.async_options.num_collectors="
+                       f"{len(plan.collectors)})", EXIT_USAGE)
+        me = plan.collectors[args.collector_id]
+    effective = binding.read_binding()
+    if me.binding != "off":
+        try:
+            binding.verify_binding(me.node, me.cpus, effective=effective)
+        except binding.BindingError as exc:
+            fail(role, f"refusing to run: {exc}")
+    log(role, f"binding {me.binding}: {effective.describe()}")
+    return ProcessContext(args=args, cfg=cfg, plan=plan, me=me, effective=effective)
+
+
+def install_stop_handlers() -> dict:
+    """SIGTERM/SIGINT only record the signal: the loops finish their step and stop in order."""
+    import signal
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def build_and_run(role: str, build, usage_errors: tuple = (), failure_errors: tuple = ()) -> int:
+    """Construct a process's loop, run it until it stops, always close it.
+
+    Construction errors end the process with a message: `usage_errors` (bad config, unusable
+    checkpoint) with exit code 2, `failure_errors` (e.g. a segment that cannot be attached) with 1.
+    SIGTERM/SIGINT handlers are installed before construction, so a stop during start-up counts.
+    """
+    stop = install_stop_handlers()
+    try:
+        loop = build()
+    except usage_errors as exc:
+        fail(role, f"config error: {exc}" if isinstance(exc, ConfigError) else str(exc), EXIT_USAGE)
+    except failure_errors as exc:
+        fail(role, str(exc))
+    try:
+        return loop.run(stop)
+    finally:
+        loop.close()
+
+
+def torch_threads(ctx: ProcessContext) -> int:
+    """CPUs this process owns. With binding off every process may use every CPU, so they
+    are shared out evenly among the job's processes instead of each taking all of them."""
+    if ctx.me.binding == "off":
+        return max(1, len(ctx.me.cpus) // (len(ctx.plan.learners) + len(ctx.plan.collectors)))
+    if ctx.me.role == "learner":
+        # A learner sharing its node's CPUs with collectors (no CPU left over for it) gets one
+        # thread: a second OpenMP thread would spin on a core a collector is pinned to (measured:
+        # the learner's ingest took ~50% of a core instead of a few %).
+        taken = {c for col in ctx.plan.collectors for c in col.cpus}
+        taken |= {c for other in ctx.plan.learners if other is not ctx.me for c in other.cpus}
+        return max(1, len(set(ctx.me.cpus) - taken))
+    return len(ctx.me.cpus)

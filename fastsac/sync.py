@@ -1,0 +1,114 @@
+"""The synchronous baseline (`trainer.asynchronous: false`): one process, one loop.
+
+    act -> env.step -> buffer.extend -> update(num_updates)    (repeat num_iterations times)
+
+It is the reference the async trainer is measured against, and the simplest way to
+debug the algorithm. Checkpoints are interchangeable with the async learner's.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+
+from fastsac.run import state as run_state
+from fastsac.config import Config
+from fastsac.envs.base import reset_seed
+from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.common.episodes import EpisodeTracker
+from fastsac.run.eval_episodes import InlineEvaluator
+from fastsac.run.torch_runtime import configure_torch, resolve_device
+from fastsac.run.telemetry import Telemetry
+from fastsac.common.transition import TransitionBatch
+
+
+class StopRequest:
+    """SIGTERM/SIGINT -> finish the current iteration, write a final checkpoint, exit 0."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+
+def train_sync(cfg: Config) -> int:
+    run_state.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
+    device = resolve_device(cfg.device)
+    configure_torch()   # the threads stay: stepping and learning alternate on every CPU we may use
+    torch.manual_seed(cfg.seed)
+    n = cfg.env.num_envs
+    # stepping and learning alternate in this process: physics may use every CPU it can run on
+    # (results do not depend on the number of physics threads)
+    env = make_env(cfg.env.name, n, seed=cfg.seed, first_env_id=0, max_episode_steps=cfg.env.max_episode_steps,
+                   num_threads=len(os.sched_getaffinity(0)))
+    spec = EnvSpec(env.obs_dim, env.critic_obs_dim, env.act_dim, env.max_episode_steps)
+    agent, buffer = run_state.build_agent(cfg, spec, env.action_low, env.action_high, device)
+    env_steps = run_state.restore(cfg, spec, agent)
+    start_it = env_steps // n
+    obs, critic_obs = env.reset(reset_seed(cfg.seed, start_env_steps=env_steps))
+    rng = np.random.default_rng([cfg.seed, start_it])
+    cfg.run_path.mkdir(parents=True, exist_ok=True)
+    telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n)
+    log = telemetry.metrics
+    stop = StopRequest()
+    episodes = EpisodeTracker(n)
+    # eval.*: deterministic episodes on separate envs, inline (the sync trainer has no other process)
+    evaluator = InlineEvaluator(cfg, lambda o: agent.act(torch.as_tensor(o).to(device), deterministic=True).cpu()
+                                .numpy(), env_steps)
+    rows = slice(0, n)
+    stepping = env.describe_stepping()
+    log.line(f"fastsac sync: {cfg.env.name} x{n} envs{f' ({stepping})' if stepping else ''} on {device}, "
+             f"iterations {start_it}..{cfg.trainer.num_iterations}")
+    it = start_it
+    for it in range(start_it, cfg.trainer.num_iterations):
+        if stop.requested:
+            log.line("stop requested: writing final checkpoint")
+            break
+        if it < cfg.algo.learning_starts:
+            actions = rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
+        else:
+            actions = agent.act(torch.as_tensor(obs).to(device)).cpu().numpy()
+        res = env.step(actions)
+        batch = TransitionBatch.from_step(obs, critic_obs, actions, res).compact()
+        run_state.ingest(agent, buffer, rows, batch.map(lambda name, x: torch.as_tensor(x).to(device)))
+        episodes.step(res.reward, res.terminated | res.truncated)
+        obs, critic_obs = res.obs, res.critic_obs
+        env_steps += n
+        if it >= cfg.algo.learning_starts and cfg.algo.num_updates > 0 and buffer.ready():
+            t0 = time.perf_counter()
+            telemetry.last_train = agent.train(buffer, cfg.algo.num_updates)
+            telemetry.learn_time += time.perf_counter() - t0
+        last_iteration = it + 1 == cfg.trainer.num_iterations
+        with torch.no_grad():
+            result = evaluator.maybe_run(env_steps, agent.num_updates_done)
+        if result is not None:
+            telemetry.log_eval(result)
+        if telemetry.due(env_steps) and not last_iteration:
+            telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
+        if cfg.checkpoint.interval and (it + 1) % cfg.checkpoint.interval == 0 and not last_iteration:
+            try:
+                run_state.save(cfg, spec, agent, env_steps)
+            except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
+                print(f"fastsac sync: error: {exc}; training goes on, next try at iteration "
+                      f"{it + 1 + cfg.checkpoint.interval:,}", file=sys.stderr, flush=True)
+    # every run logs its final metrics, however short it was or however it stopped
+    if telemetry.has_news(env_steps, agent.num_updates_done):
+        telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
+    exit_code = 0
+    try:
+        path = run_state.save(cfg, spec, agent, env_steps)
+        log.line(f"final checkpoint: {path}")
+    except run_state.CheckpointSaveError as exc:  # the run did not end whole: exit 1 with the reason
+        print(f"fastsac sync: error: the final checkpoint failed: {exc}", file=sys.stderr, flush=True)
+        exit_code = 1
+    telemetry.close()
+    evaluator.close()
+    env.close()
+    return exit_code

@@ -1,0 +1,2 @@
+"""Tools on a finished or running run: fastsac-eval, fastsac-export, videos.
+"""

@@ -255,7 +255,7 @@ def main() -> int:
     p.add_argument("--sb3-max-steps", type=int, default=1_000_000)
     p.add_argument("--out", required=True, help="folder for curves.csv, summary.md, the plots and the run logs")
     p.add_argument("--smoke", action="store_true", help="the smallest size: quick start, seconds per run")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()    # key=value overrides may follow the options
     if args.smoke:
         args.config, args.overrides = args.config or SMOKE_CONFIG, [*SMOKE_OVERRIDES, *args.overrides]
         args.threshold, args.at_steps, args.at_seconds = -1000.0, [640, 1280], [5.0]

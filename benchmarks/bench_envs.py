@@ -176,6 +176,7 @@ def _quiet_mujoco():
     to MUJOCO_LOG.TXT in the cwd) per env: build the envs with those warnings dropped."""
     try:
         import mujoco
+
         from fastsac.envs.mujoco_base import quiet_mujoco_compile
     except ImportError:
         yield
@@ -202,7 +203,8 @@ def envpool_cells(task_id, num_envs, threads, with_affinity):
     with_affinity: also the raw pool with its workers pinned one per CPU, where this process's CPUs allow it."""
     import envpool
 
-    from fastsac.envs.envpool_adapter import env_seeds, thread_affinity_offset
+    from fastsac.common.seeds import envpool_env_seeds
+    from fastsac.envs.envpool_adapter import thread_affinity_offset
     adapter = make_env(ENVPOOL_PREFIX + task_id, num_envs, seed=0, num_threads=threads)
     adapter.reset(0)
     placements = [("envpool raw", thread_affinity_offset(adapter.num_threads))]   # the adapter's default
@@ -214,7 +216,7 @@ def envpool_cells(task_id, num_envs, threads, with_affinity):
     cells = []
     for label, offset in placements:
         pool = envpool.make_gymnasium(task_id, num_envs=num_envs, batch_size=num_envs, num_threads=adapter.num_threads,
-                                      thread_affinity_offset=offset, seed=env_seeds(0, 0, num_envs).tolist(),
+                                      thread_affinity_offset=offset, seed=envpool_env_seeds(0, 0, num_envs).tolist(),
                                       max_episode_steps=adapter.max_episode_steps)
         pool.reset()
         cells.append(_Cell(label, adapter.num_threads, pool, pool.step, adapter.action_low, adapter.action_high,

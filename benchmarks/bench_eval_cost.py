@@ -35,7 +35,7 @@ def read_run(run_dir: Path) -> dict:
     tags = acc.Tags()["scalars"]
     ups = [e.value for e in acc.Scalars("perf/updates_per_s")]
     sps = [e.value for e in acc.Scalars("perf/env_steps_per_s")]
-    # windows once updates run; the final window of a run that just logged can read 0 (design.md)
+    # windows once updates run; the final window of a run that just logged can read 0 (docs/operations.md, metric names)
     keep = [i for i, u in enumerate(ups) if u > 0]
     evals = [e.value for e in acc.Scalars("eval/mean_return")] if "eval/mean_return" in tags else []
     return {"updates_per_s": statistics.median(ups[i] for i in keep) if keep else float("nan"),

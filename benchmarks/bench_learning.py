@@ -22,6 +22,7 @@ curves_steps.png / curves_seconds.png (every mode on the same axes).
     python benchmarks/bench_learning.py configs/halfcheetah_cpu.yaml --modes sync sb3 --seeds 1 2 3 \\
         --budget-s 1200 --threshold 8000 --out docs/learning/halfcheetah
     python benchmarks/bench_learning.py --smoke --out /tmp/smoke     # the smallest size (tests)
+    python benchmarks/bench_learning.py --report --modes sync sb3 --out docs/learning/halfcheetah   # table again
 
 Modes: sync (trainer.asynchronous=false), async1 (1 collector, utd strict, no binding), async2
 (2 collectors, utd strict, bound in-process one CPU each), sb3 (the peer; --sb3-env names its
@@ -187,7 +188,11 @@ def summary(curves: dict[tuple[str, int], list[Point]], modes: list[str], args) 
         points = [(f"{x:,} env steps", x, "steps") for x in args.at_steps]
         points += [(f"{x:.0f} s", x, "seconds") for x in args.at_seconds]
         for label, x, axis in points:
-            lines.append(f"| {mode} | {label} | {describe([value_at(c, x, axis) for c in runs])} |")
+            values = [value_at(c, x, axis) for c in runs]
+            reached = sum(not math.isnan(v) for v in values)
+            lines.append(f"| {mode} | {label} | {describe(values)}"
+                         + (f"; {len(runs) - reached} of {len(runs)} runs did not get there" if reached < len(runs)
+                            and reached else "") + " |")
         lines.append(f"| {mode} | final | {describe([c[-1][2] for c in runs])} |")
         hits = [first_reach(c, args.threshold) for c in runs]
         reached = [t for _, t in hits if t is not None]
@@ -255,20 +260,21 @@ def main() -> int:
     p.add_argument("--sb3-max-steps", type=int, default=1_000_000)
     p.add_argument("--out", required=True, help="folder for curves.csv, summary.md, the plots and the run logs")
     p.add_argument("--smoke", action="store_true", help="the smallest size: quick start, seconds per run")
+    p.add_argument("--report", action="store_true", help="run nothing: the table and plots of --out's curves.csv")
     args = p.parse_intermixed_args()    # key=value overrides may follow the options
     if args.smoke:
         args.config, args.overrides = args.config or SMOKE_CONFIG, [*SMOKE_OVERRIDES, *args.overrides]
         args.threshold, args.at_steps, args.at_seconds = -1000.0, [640, 1280], [5.0]
         args.sb3_env, args.sb3_eval_every, args.sb3_eval_episodes = "Pendulum-v1", 200, 2
         args.sb3_learning_starts, args.sb3_max_steps = 100, 600
-    if args.config is None:
-        p.error("a config is needed (or --smoke)")
+    if args.config is None and not args.report:
+        p.error("a config is needed (or --smoke, or --report)")
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     csv_path = out / "curves.csv"
     curves = load_curves(csv_path)
     group = RunGroup()
-    for seed in args.seeds:
+    for seed in [] if args.report else args.seeds:
         for mode in args.modes:              # interleaved: machine noise hits every mode alike
             if (mode, seed) in curves:
                 print(f"{mode} seed {seed}: in {csv_path} already, skipped", flush=True)
@@ -285,7 +291,7 @@ def main() -> int:
     text = summary(curves, modes, args)
     (out / "summary.md").write_text(text)
     print("\n" + text)
-    for path in plot(curves, modes, out, Path(args.config).stem):
+    for path in plot(curves, modes, out, Path(args.config).stem if args.config else out.name):
         print(f"plot: {path}")
     return 0 if all(not math.isnan(c[-1][2]) for c in curves.values()) else 1
 

@@ -17,8 +17,14 @@ Point = tuple[int, float, float]          # (env_steps, seconds, mean_return)
 
 
 def value_at(curve: Sequence[Point], budget: float, axis: str) -> float:
-    """Last eval return at or before `budget` env steps (axis "steps") or seconds ("seconds")."""
+    """Last eval return at or before `budget` env steps (axis "steps") or seconds ("seconds").
+
+    NaN where the run never got there: before its first evaluation, or past its last env step
+    (a run stopped by the wall-clock budget has no value at env steps it did not reach). On the
+    seconds axis every run ran to the same budget, so its last evaluation stands for it."""
     index = 0 if axis == "steps" else 1
+    if not curve or (axis == "steps" and curve[-1][0] < budget):
+        return math.nan
     seen = [p[2] for p in curve if p[index] <= budget]
     return seen[-1] if seen else math.nan
 

@@ -1,5 +1,7 @@
-"""`python -m fastsac.launcher`: the launcher (fastsac-launch). The code is fastsac.launch.cli; this path is the
-one users, the plan's commands and systemd units type, and stays."""
+"""`python -m fastsac.launcher`: the launcher (fastsac-launch).
+
+The code is fastsac.launch.cli; this path is the one users, the plan's commands and the
+systemd unit type, and it stays."""
 import sys
 
 from fastsac.launch.cli import main

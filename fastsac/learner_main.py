@@ -1,5 +1,7 @@
-"""`python -m fastsac.learner_main`: the learner process. The code is fastsac.learner.main; this path is the
-one users, the plan's commands and systemd units type, and stays."""
+"""`python -m fastsac.learner_main`: the learner process.
+
+The code is fastsac.learner.main; this path is the one users, the plan's commands and the
+systemd unit type, and it stays."""
 import sys
 
 from fastsac.learner.main import main

@@ -8,41 +8,29 @@ debug the algorithm. Checkpoints are interchangeable with the async learner's.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
 import numpy as np
 import torch
 
-from fastsac.run import state as run_state
-from fastsac.config import Config
-from fastsac.envs.base import reset_seed
-from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.common.episodes import EpisodeTracker
-from fastsac.run.eval_episodes import InlineEvaluator
-from fastsac.run.torch_runtime import configure_torch, resolve_device
-from fastsac.run.telemetry import Telemetry
+from fastsac.common.seeds import learner_torch_seed, reset_seed, sync_action_seed
+from fastsac.common.stopping import StopSignal
 from fastsac.common.transition import TransitionBatch
-
-
-class StopRequest:
-    """SIGTERM/SIGINT -> finish the current iteration, write a final checkpoint, exit 0."""
-
-    def __init__(self):
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        self.requested = True
+from fastsac.config import Config
+from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.run import state as run_state
+from fastsac.run.eval_episodes import InlineEvaluator
+from fastsac.run.telemetry import Telemetry
+from fastsac.run.torch_runtime import configure_torch, resolve_device
 
 
 def train_sync(cfg: Config) -> int:
     run_state.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
     device = resolve_device(cfg.device)
     configure_torch()   # the threads stay: stepping and learning alternate on every CPU we may use
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(learner_torch_seed(cfg.seed))
     n = cfg.env.num_envs
     # stepping and learning alternate in this process: physics may use every CPU it can run on
     # (results do not depend on the number of physics threads)
@@ -53,11 +41,11 @@ def train_sync(cfg: Config) -> int:
     env_steps = run_state.restore(cfg, spec, agent)
     start_it = env_steps // n
     obs, critic_obs = env.reset(reset_seed(cfg.seed, start_env_steps=env_steps))
-    rng = np.random.default_rng([cfg.seed, start_it])
+    rng = np.random.default_rng(sync_action_seed(cfg.seed, start_it))
     cfg.run_path.mkdir(parents=True, exist_ok=True)
     telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n)
     log = telemetry.metrics
-    stop = StopRequest()
+    stop = StopSignal().install()   # SIGTERM/SIGINT: finish the iteration, final checkpoint, exit 0
     episodes = EpisodeTracker(n)
     # eval.*: deterministic episodes on separate envs, inline (the sync trainer has no other process)
     evaluator = InlineEvaluator(cfg, lambda o: agent.act(torch.as_tensor(o).to(device), deterministic=True).cpu()

@@ -17,6 +17,10 @@ case ",$extras," in
   *,video,*) ;;
   *) exit 0 ;;
 esac
+if [ "${FASTSAC_NO_SYSTEM_PACKAGES:-}" = 1 ]; then
+  echo "setup_system: FASTSAC_NO_SYSTEM_PACKAGES=1: no Debian packages installed (fastsac-eval --video of MuJoCo tasks needs EGL or OSMesa)" >&2
+  exit 0
+fi
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup_system: not a Debian system: fastsac-eval --video of MuJoCo tasks needs EGL or OSMesa; install one yourself" >&2
   exit 0

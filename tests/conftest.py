@@ -16,10 +16,17 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 SHM_DIR = "/dev/shm"
+# The working tree's runs/ belongs to the user (the README's train command fills it before the
+# tests run): no test may read or write it; tests use their tmp_path.
+WORKTREE_RUNS = str(Path(__file__).resolve().parents[1] / "runs")
+_runs_opened: list[str] = []
 TEST_JOB_PREFIX = f"t{os.getpid()}"
 _counter = itertools.count()
 _stats = {"jobs": 0, "cleaned": 0}
@@ -79,6 +86,48 @@ def procs():
         if p.is_alive():
             p.kill()
         p.join(5)
+
+
+def _audit_runs_opens(event: str, args: tuple) -> None:
+    if event == "open" and args and isinstance(args[0], (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(args[0]))
+        if path == WORKTREE_RUNS or path.startswith(WORKTREE_RUNS + os.sep):
+            _runs_opened.append(path)
+
+
+sys.addaudithook(_audit_runs_opens)   # this process's opens; a child's writes show in the tree's state
+
+
+def _runs_state() -> list[tuple[str, int]]:
+    if not os.path.isdir(WORKTREE_RUNS):
+        return []
+    return sorted((str(p), p.stat().st_mtime_ns) for p in Path(WORKTREE_RUNS).rglob("*"))
+
+
+@pytest.fixture(autouse=True)
+def _no_test_touches_the_working_trees_runs(request):
+    before = _runs_state()
+    del _runs_opened[:]
+    yield
+    opened, changed = list(_runs_opened), _runs_state() != before
+    assert not opened and not changed, (f"{request.node.nodeid} {'opened ' + opened[0] if opened else 'wrote into'} "
+                                        f"{WORKTREE_RUNS}: tests keep to their tmp_path (give them a run_dir there)")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request, monkeypatch):
+    """With `-m "not process"` (the fast tier) a test that starts a process fails, naming the
+    marker it lacks: the tier's promise (in-process only) is checked, not hoped for."""
+    if "not process" not in (request.config.option.markexpr or "") or request.node.get_closest_marker("process"):
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.process")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(mp.process.BaseProcess, "start", refuse)
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

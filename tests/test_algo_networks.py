@@ -160,6 +160,7 @@ def test_policy_layout_matches_torch(obs_dim, act_dim, kw):
     assert [(n, tuple(p.shape)) for n, p in agent.actor.named_parameters()] == actor_param_shapes(obs_dim, act_dim, cfg)
 
 
+@pytest.mark.process
 def test_policy_layout_is_torch_free():
     code = ("import sys; import fastsac.algo, fastsac.algo.policy_layout; "
             "assert 'torch' not in sys.modules, 'torch imported'")

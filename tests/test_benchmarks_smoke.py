@@ -21,6 +21,7 @@ def run_benchmark(script: str, *args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
+@pytest.mark.process
 def test_bench_envs_measures_every_cell():
     pytest.importorskip("mujoco", reason="MuJoCo tasks need the optional extra: pip install 'fastsac[mujoco]'")
     pytest.importorskip("imageio", reason="Gymnasium's MuJoCo envs import imageio: pip install 'gymnasium[mujoco]'")
@@ -34,12 +35,14 @@ def test_bench_envs_measures_every_cell():
     assert all(r[-4].endswith("x") and r[-3].startswith("[") for r in rows), out
 
 
+@pytest.mark.process
 def test_bench_ring_measures_push_copy_and_snapshot():
     out = run_benchmark("bench_ring.py", "--envs", "64", "--seconds", "0.2", "--snapshot-mib", "0.1")
     assert "snapshot MiB" in out and "slots/s" in out, out
     assert not list(Path("/dev/shm").glob("fastsac.bench*")), "bench_ring left segments behind"
 
 
+@pytest.mark.process
 def test_bench_acceptance_prints_every_criterion_and_sums_up():
     out = run_benchmark("bench_acceptance.py", "--smoke", timeout=400)
     lines = out.splitlines()
@@ -57,6 +60,7 @@ def test_bench_acceptance_prints_every_criterion_and_sums_up():
     assert one_node == ("one collector per NUMA node not tested" in lines[-1]), out
 
 
+@pytest.mark.process
 def test_bench_acceptance_refuses_bad_input_before_running_anything():
     for args, what in ((["--collectors", "1"], "--collectors: 1"),
                        (["configs/quickstart.yaml", "env.num_envs=0"], "env.num_envs"),
@@ -66,6 +70,7 @@ def test_bench_acceptance_refuses_bad_input_before_running_anything():
         assert proc.returncode == 2 and what in proc.stderr, proc.stdout + proc.stderr
 
 
+@pytest.mark.process
 def test_bench_collectors_scales():
     pytest.importorskip("mujoco", reason="MuJoCo tasks need the optional extra: pip install 'fastsac[mujoco]'")
     out = run_benchmark("bench_collectors.py", "--num-envs", "8", "--iterations", "200", "--log-interval", "10",
@@ -77,6 +82,7 @@ def test_bench_collectors_scales():
     assert all("updates/s, learn" in line for line in lines if "collector(s): " in line and "|" in line), out
 
 
+@pytest.mark.process
 def test_bench_collector_inference_measures_cost_and_learner_contention():
     out = run_benchmark("bench_collector_inference.py", "--num-envs", "16", "--collectors", "1", "2",
                         "--hidden", "32", "--seconds", "0.2", "--rounds", "1", "--learner-batch", "64",
@@ -88,6 +94,7 @@ def test_bench_collector_inference_measures_cost_and_learner_contention():
     assert [line.split()[0] for line in lines[head + 1:head + 4]] == ["0", "1", "2"], out
 
 
+@pytest.mark.process
 def test_gpu_check_dry_run_on_cpu():
     out = run_benchmark("gpu_check.py", "--device", "cpu", "--quick", timeout=300)
     for text in ("check_updates:", "update eager fp32", "staging pageable", "inference 1024 envs: cpu",
@@ -95,6 +102,7 @@ def test_gpu_check_dry_run_on_cpu():
         assert text in out, (text, out)
 
 
+@pytest.mark.process
 def test_bench_envs_measures_envpool_rows():
     pytest.importorskip("envpool", reason="EnvPool rows need the optional extra: pip install 'fastsac[envpool]'")
     out = run_benchmark("bench_envs.py", "--tasks", "--envpool-tasks", "CheetahRun-v1", "--num-envs", "4",
@@ -112,6 +120,7 @@ def test_bench_envs_measures_envpool_rows():
     assert rows[0][3] == rows[0][4] == "1.00x", out   # raw EnvPool against itself
 
 
+@pytest.mark.process
 def test_bench_learners_measures_1_and_2_learners():
     out = run_benchmark("bench_learners.py", "--rounds", "1", "--updates", "3", "--warmup", "1", "--batch", "16",
                         "--critic-hidden", "16", "--actor-hidden", "16", "--atoms", "5")
@@ -121,6 +130,7 @@ def test_bench_learners_measures_1_and_2_learners():
                for line in lines), out
 
 
+@pytest.mark.process
 def test_bench_eval_cost_pairs_eval_off_and_on():
     out = run_benchmark("bench_eval_cost.py", "--smoke", timeout=300)
     lines = out.splitlines()
@@ -131,6 +141,7 @@ def test_bench_eval_cost_pairs_eval_off_and_on():
     assert not list(Path("/dev/shm").glob("fastsac.bev*")), "bench_eval_cost left segments behind"
 
 
+@pytest.mark.process
 def test_bench_learners_end_to_end_runs_jobs_with_1_and_2_learners():
     out = run_benchmark("bench_learners.py", "--e2e", "configs/quickstart.yaml", "--rounds", "1", "--iterations", "30",
                         "--log-interval-s", "0.5", "device=cpu", "env.num_envs=8", "algo.batch_size=32",
@@ -159,6 +170,7 @@ def bench_learning(out: Path, modes: list[str]) -> tuple[str, str]:
     return stdout, summary
 
 
+@pytest.mark.process
 def test_bench_learning_reports_eval_curves_of_every_fastsac_mode(tmp_path):
     bench_learning(tmp_path, ["sync", "async1", "async2"])
     # a second run with the same --out skips every run it already holds
@@ -168,6 +180,7 @@ def test_bench_learning_reports_eval_curves_of_every_fastsac_mode(tmp_path):
     assert not list(Path("/dev/shm").glob("fastsac.bl*")), "bench_learning left segments behind"
 
 
+@pytest.mark.process
 def test_bench_learning_runs_its_peer(tmp_path):
     pytest.importorskip("stable_baselines3", reason="the SB3 peer needs the benchmark extra: pip install -e '.[bench]'")
     _, summary = bench_learning(tmp_path, ["sync", "sb3"])

@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from fastsac.machine.binding import (
-    BindingError, EffectiveBinding, bind_from_argv, bind_self, numa_maps_bytes, numa_maps_pages, parse_numa_maps,
-    read_binding, thread_env, verify_binding,
+    BindingError,
+    EffectiveBinding,
+    bind_from_argv,
+    bind_self,
+    numa_maps_bytes,
+    numa_maps_pages,
+    parse_numa_maps,
+    read_binding,
+    thread_env,
+    verify_binding,
 )
 from fastsac.machine.topology import format_cpulist
 
@@ -40,6 +48,7 @@ def skip_if_blocked(result: dict) -> None:
 
 # --------------------------------------------------------------------------- real syscalls (host)
 
+@pytest.mark.process
 def test_bind_self_to_node_0_then_read_and_verify():
     r = run_child(f"""
         from fastsac.machine.binding import bind_self, read_binding, verify_binding, BindingError
@@ -75,6 +84,7 @@ def test_bind_self_to_node_0_then_read_and_verify():
                             f"but the plan says {want} ({detail})")
 
 
+@pytest.mark.process
 def test_bind_self_repins_threads_started_before_it():
     cpu = HOST_CPUS[-1]
     r = run_child(f"""
@@ -97,6 +107,7 @@ def test_bind_self_repins_threads_started_before_it():
     assert r["main"] == [cpu] and r["thread_cpus"] == [cpu] and r["repinned"] == [r["tid"]]
 
 
+@pytest.mark.process
 def test_other_process_binding_read_from_proc():
     cpu = HOST_CPUS[0]
     code = textwrap.dedent(f"""
@@ -126,6 +137,7 @@ def test_other_process_binding_read_from_proc():
         child.wait(timeout=30)
 
 
+@pytest.mark.process
 def test_bind_to_a_missing_node_fails_clearly():
     r = run_child("""
         from fastsac.machine.binding import bind_self, BindingError
@@ -140,6 +152,7 @@ def test_bind_to_a_missing_node_fails_clearly():
                                  "memory or is outside this process's Mems_allowed_list (")
 
 
+@pytest.mark.process
 def test_bind_to_cpus_outside_the_affinity_fails_clearly():
     r = run_child("""
         from fastsac.machine.binding import bind_self, BindingError
@@ -154,6 +167,7 @@ def test_bind_to_cpus_outside_the_affinity_fails_clearly():
     assert f"this process may use CPUs {format_cpulist(HOST_CPUS)}" in r["error"]
 
 
+@pytest.mark.process
 def test_bind_from_argv_in_a_child():
     cpu = HOST_CPUS[0]
     r = run_child("""
@@ -316,9 +330,13 @@ def test_thread_env_sizes_every_pool():
         thread_env(0)
 
 
+@pytest.mark.process
 def test_modules_import_without_torch_or_numpy():
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, fastsac.machine.topology, fastsac.machine.binding, fastsac.machine.plan; "
+        [sys.executable, "-c", "import sys, fastsac.machine.topology, fastsac.machine.binding, fastsac.machine.plan, "
+                               # what a role process imports before it binds itself
+                               "fastsac.process.setup, fastsac.collector_main, fastsac.learner_main, "
+                               "fastsac.evaluator_main; "
                                "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"],
         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
     assert out.stdout.strip() == "[]"

@@ -9,9 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastsac.run.checkpoint import (FORMAT, CheckpointError, RunCheckpoints, check_fresh_run_dir, checkpoint_dir,
-                                load_checkpoint, newest_valid_checkpoint, read_header)
 from fastsac.config import ConfigError
+from fastsac.run.checkpoint import (
+    FORMAT,
+    CheckpointError,
+    RunCheckpoints,
+    check_fresh_run_dir,
+    checkpoint_dir,
+    load_checkpoint,
+    newest_valid_checkpoint,
+    read_header,
+)
 
 
 def _payload(steps):
@@ -131,6 +139,7 @@ def test_large_finite_values_are_not_taken_for_non_finite(tmp_path):
         RunCheckpoints.fresh(tmp_path / "b", keep=1).save(payload)
 
 
+@pytest.mark.process
 def test_bench_checkpoint_smoke(tmp_path):
     """benchmarks/bench_checkpoint.py still runs at its smallest size (rows checked, never numbers)."""
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_checkpoint.py"

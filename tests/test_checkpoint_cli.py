@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
-
 from checkpoint_bytes import flip_tensor_bytes
 from e2e_helpers import job_segments, launch, tiny_config
+
 from fastsac.run.checkpoint import CheckpointError, load_checkpoint
 
 HOOKS_DIR = Path(__file__).resolve().parent / "fault_hooks"
@@ -56,6 +56,7 @@ def no_temp_files(run: Path) -> bool:
     return not [p for p in (run / "checkpoints").iterdir() if not p.name.startswith("ckpt_")]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", MODES)
 def test_fresh_run_into_a_run_dir_with_another_runs_checkpoints_is_refused(tmp_path, job_name, mode):
     # the reported defect: a 12-iteration run, then a 4-iteration fresh run into the same run_dir
@@ -82,6 +83,23 @@ def test_fresh_run_into_a_run_dir_with_another_runs_checkpoints_is_refused(tmp_p
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
+def test_plan_and_check_numa_read_a_run_dir_with_checkpoints(tmp_path, job_name):
+    # read-only commands train nothing: an earlier run's checkpoints are no reason to refuse them,
+    # while the training launch is refused naming the run id it found
+    cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 12})
+    assert launch(cfg).returncode == 0
+    run = tmp_path / "run"
+    before, run_id = tree(run / "checkpoints"), load_checkpoint(ckpts(run)[-1])["run_id"]
+    for args in (["--plan"], ["--plan", "--json"], ["--check-numa", asynchronous("async")]):
+        proc = launch(cfg, *args)
+        assert proc.returncode == 0, (args, proc.stdout + proc.stderr)
+    refused = launch(cfg)
+    assert refused.returncode == 2 and f"run id {run_id}" in refused.stderr, refused.stderr
+    assert tree(run / "checkpoints") == before and job_segments(job_name) == []   # (the check's reports go to logs/)
+
+
+@pytest.mark.process
 def test_resume_auto_reports_a_corrupt_checkpoint_and_falls_back_without_a_crash_loop(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 12})
     assert launch(cfg).returncode == 0                      # periodic at 48 env steps, final at 96
@@ -102,6 +120,7 @@ def test_resume_auto_reports_a_corrupt_checkpoint_and_falls_back_without_a_crash
     assert by_write_order(run)[-1][1]["env_steps"] == 20 * 8
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", MODES)
 def test_a_full_disk_on_a_periodic_save_is_logged_and_retried_at_the_next_interval(tmp_path, job_name, mode):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": mode == "async", "num_iterations": 20},
@@ -120,6 +139,7 @@ def test_a_full_disk_on_a_periodic_save_is_logged_and_retried_at_the_next_interv
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", MODES)
 def test_a_failed_final_save_exits_1_with_the_reason_and_keeps_the_previous(tmp_path, job_name, mode):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 6},

@@ -1,9 +1,10 @@
 """End-to-end: the real CLI trains, logs, checkpoints, resumes, and cleans up (CPU)."""
 from __future__ import annotations
 
+import pytest
 import torch
-
 from e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config
+
 from fastsac.run.checkpoint import load_checkpoint
 
 SYNC_TAGS = {"rollout/mean_return", "rollout/mean_ep_len", "perf/env_steps_per_s", "perf/updates_per_s",
@@ -19,6 +20,7 @@ def _agent_loads(ckpt_path):
     return payload
 
 
+@pytest.mark.process
 def test_sync_run_writes_tensorboard_and_checkpoints(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 60},
                       env={"max_episode_steps": 20})
@@ -32,6 +34,7 @@ def test_sync_run_writes_tensorboard_and_checkpoints(tmp_path, job_name):
     assert len(list((run / "checkpoints").glob("ckpt_*.pt"))) == 5  # every 6 iterations + final, keep 5
 
 
+@pytest.mark.process
 def test_async_run_exits_0_with_async_metrics_and_no_segments_left(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 60}, env={"max_episode_steps": 20})
     proc = launch(cfg)
@@ -45,6 +48,7 @@ def test_async_run_exits_0_with_async_metrics_and_no_segments_left(tmp_path, job
     assert (run / "logs" / "learner.log").exists() and (run / "logs" / "collector0.log").exists()
 
 
+@pytest.mark.process
 def test_resume_sync_to_async_and_back(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 10})
     assert launch(cfg).returncode == 0
@@ -66,6 +70,7 @@ def test_resume_sync_to_async_and_back(tmp_path, job_name):
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
 def test_corrupt_checkpoint_on_resume_exits_2_and_loses_nothing(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 4})
     bad = tmp_path / "bad.pt"
@@ -78,13 +83,15 @@ def test_corrupt_checkpoint_on_resume_exits_2_and_loses_nothing(tmp_path, job_na
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
 def test_checkpoint_weights_load_into_a_fresh_agent(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 6})
     assert launch(cfg).returncode == 0
     payload = load_checkpoint(newest_checkpoint(tmp_path / "run"))
+    import numpy as np
+
     from fastsac.algo.fastsac import FastSAC
     from fastsac.config import load_config
-    import numpy as np
     c = load_config(cfg)
     agent = FastSAC(3, 0, 1, np.array([-2.0], np.float32), np.array([2.0], np.float32), c.algo, torch.device("cpu"))
     agent.load_state_dict(payload["agent"])

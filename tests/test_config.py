@@ -79,6 +79,7 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(bad)
 
 
+@pytest.mark.process
 def test_cli_invalid_config_exits_2_and_creates_nothing(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "fastsac.launcher", str(REPO / "configs/quickstart.yaml"),
@@ -88,6 +89,7 @@ def test_cli_invalid_config_exits_2_and_creates_nothing(tmp_path):
     assert not run_dir.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
 def test_cli_unwritable_run_dir_exits_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -155,6 +157,7 @@ def test_device_is_matched_whole(key):
         config_from_dict({}, [f'{key}="cuda\\n"'])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", ["fastsac.launcher", "fastsac.collector_main", "fastsac.learner_main"])
 @pytest.mark.parametrize("text, fragment", [
     ("", "line 1: no settings"),
@@ -211,3 +214,9 @@ def test_binding_default_is_auto_and_the_keys_need_no_second_switch():
     ao = config_from_dict({}).trainer.async_options
     assert ao.numa_binding == "auto"
     assert config_from_dict({}, ["trainer.async_options.numa_nodes=[0]"]).trainer.async_options.numa_nodes == [0]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_names_its_job_after_its_file(path):
+    cfg = load_config(path)        # every key valid, every value in range
+    assert cfg.job_name == path.stem

@@ -68,6 +68,7 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
     return outs
 
 
+@pytest.mark.process
 def test_two_learners_train_one_model(tmp_path, job_name):
     run = tmp_path / "run"
     proc = launch(QUICKSTART, *small(job_name, run), "trainer.async_options.num_collectors=2",
@@ -86,6 +87,7 @@ def test_two_learners_train_one_model(tmp_path, job_name):
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
 def test_two_machines_simulated_by_two_launchers(tmp_path, job_name, job_name2):
     port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
     procs = [start(*small(job, run), "distributed.nnodes=2", f"distributed.node_rank={rank}",
@@ -101,6 +103,7 @@ def test_two_machines_simulated_by_two_launchers(tmp_path, job_name, job_name2):
     assert job_segments(job_name) == job_segments(job_name2) == []
 
 
+@pytest.mark.process
 def test_a_killed_learner_stops_both_machines_naming_its_rank(tmp_path, job_name, job_name2):
     port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
     procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",
@@ -126,6 +129,7 @@ def test_a_killed_learner_stops_both_machines_naming_its_rank(tmp_path, job_name
     assert job_segments(job_name) == job_segments(job_name2) == []
 
 
+@pytest.mark.process
 def test_resume_with_another_learner_count(tmp_path, job_name):
     """Checkpoints carry no topology: 2 learners -> 1 learner -> 2 learners, one run."""
     run, port = tmp_path / "run", free_port()
@@ -146,6 +150,7 @@ def test_resume_with_another_learner_count(tmp_path, job_name):
     assert d[0] == d[1]
 
 
+@pytest.mark.process
 def test_a_rank_waiting_for_rank_0s_slow_checkpoint_is_not_taken_for_hung(tmp_path, job_name):
     # tests/fault_hooks: every save blocks 4 s; heartbeat_timeout_s is 2.5 s. Rank 1 waits in its
     # next collective while rank 0 writes the periodic checkpoint: its heartbeat must stay fresh.
@@ -163,6 +168,7 @@ def test_a_rank_waiting_for_rank_0s_slow_checkpoint_is_not_taken_for_hung(tmp_pa
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
 def test_sigterm_on_one_machine_stops_every_machine_gracefully(tmp_path, job_name, job_name2):
     port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
     procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",

@@ -21,8 +21,8 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-
 from e2e_helpers import free_port
+
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.normalizer import RunningNormalizer
 from fastsac.config import AlgoConfig, Config
@@ -304,6 +304,7 @@ def finish(procs: list[subprocess.Popen], tmp_path: Path, scenario: str) -> None
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.mark.process
 def test_two_ranks_on_half_batches_train_like_one_rank_on_the_whole_batch(ranks, tmp_path):
     procs = ranks("update")
     reference = updates(slice(0, BATCH))               # one learner, the whole batch, no group
@@ -321,6 +322,7 @@ def test_two_ranks_on_half_batches_train_like_one_rank_on_the_whole_batch(ranks,
         assert control > 10 * TOL, f"negative control: {part} without averaging differs only {control:.3g}"
 
 
+@pytest.mark.process
 def test_sync_normalizers_bit_identical_and_equal_to_one_normalizer_over_all_data(ranks, tmp_path):
     finish(ranks("normalizers"), tmp_path, "normalizers")
     got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
@@ -345,6 +347,7 @@ def test_sync_normalizers_bit_identical_and_equal_to_one_normalizer_over_all_dat
         assert got[r]["gather"] == [1.0, 11.0]
 
 
+@pytest.mark.process
 def test_broadcast_agent_makes_every_rank_rank_0(ranks, tmp_path):
     finish(ranks("broadcast"), tmp_path, "broadcast")
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
@@ -353,6 +356,7 @@ def test_broadcast_agent_makes_every_rank_rank_0(ranks, tmp_path):
     assert r0["num_updates"] == r1["num_updates"] == 2
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("victim", [1, 0])
 def test_kill_9_of_one_rank_names_it_in_the_survivors_next_collective(ranks, tmp_path, victim):
     procs = ranks("kill")
@@ -380,6 +384,7 @@ def test_kill_9_of_one_rank_names_it_in_the_survivors_next_collective(ranks, tmp
     assert result["again"] == result["message"] and result["again_seconds"] < 1.0, result
 
 
+@pytest.mark.process
 def test_a_collective_a_live_rank_never_joins_fails_after_timeout_s(ranks, tmp_path):
     timeout_s = 3.0
     finish(ranks("hang", timeout_s=timeout_s), tmp_path, "hang")

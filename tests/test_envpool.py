@@ -13,10 +13,11 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from e2e_helpers import job_segments, launch, newest_checkpoint, tiny_config
+
+from fastsac.common.seeds import envpool_env_seeds as env_seeds
 from fastsac.config import ConfigError
-from fastsac.envs.envpool_adapter import PRIVILEGED_KEY, env_seeds, thread_affinity_offset
+from fastsac.envs.envpool_adapter import PRIVILEGED_KEY, thread_affinity_offset
 from fastsac.envs.registry import check_env_name, make_env
 
 REASON = "EnvPool tasks need the optional extra: pip install 'fastsac[envpool]'"
@@ -213,6 +214,7 @@ def test_unknown_task_or_action_space_is_a_config_error(ep):
         make_env("envpool:CartPole-v1", 1, seed=0)
 
 
+@pytest.mark.process
 def test_worker_threads_stay_on_the_process_cpus(ep):
     """Bound to one CPU, the EnvPool workers run there: never on CPUs outside the binding, where
     EnvPool's absolute thread_affinity_offset would put them if chosen blindly."""
@@ -238,6 +240,7 @@ def test_worker_threads_stay_on_the_process_cpus(ep):
     assert len(threads) >= 2 and set(threads) == {str(cpu)}, out.stdout   # main thread + worker(s)
 
 
+@pytest.mark.process
 def test_launcher_rejects_an_unknown_task_with_exit_2(ep, tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, env={"name": "envpool:HumanoidRn-v1"})
     proc = launch(cfg, timeout=120)
@@ -246,6 +249,7 @@ def test_launcher_rejects_an_unknown_task_with_exit_2(ep, tmp_path, job_name):
     assert job_segments(job_name) == [] and not (tmp_path / "run").exists()
 
 
+@pytest.mark.process
 def test_two_collectors_collect_envpool_episodes(ep, tmp_path, job_name):
     """Collection only (num_updates 0): two collector processes step their EnvPool shards (random
     actions, then the initial policy) through several episode boundaries; the learner ingests it all."""
@@ -265,6 +269,7 @@ def test_two_collectors_collect_envpool_episodes(ep, tmp_path, job_name):
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
 def test_sync_trainer_learns_on_an_envpool_task(ep, tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, env={"name": "envpool:BerkeleyHumanoidJoystickFlatTerrain-v1", "num_envs": 2},
                       trainer={"num_iterations": 8, "asynchronous": False})

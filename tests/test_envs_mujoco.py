@@ -40,6 +40,7 @@ def assert_obs_close(ours, ref):
     np.testing.assert_allclose(ours, ref.astype(np.float32), rtol=2e-6, atol=2e-6 * (1 + np.abs(ref).max()))
 
 
+@pytest.mark.process
 def test_registry_and_module_import_do_not_import_mujoco():
     code = ("import sys, fastsac.envs.registry, fastsac.envs.mujoco_tasks, fastsac.envs.gymnasium_adapter; "
             "from fastsac.config import load_config; "

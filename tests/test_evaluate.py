@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from checkpoint_bytes import flip_tensor_bytes
 from conftest import new_job_name
 from e2e_helpers import launch, newest_checkpoint, tiny_config
@@ -40,6 +39,7 @@ def sync_checkpoint(tmp_path_factory) -> Path:
     return newest_checkpoint(tmp / "run")
 
 
+@pytest.mark.process
 def test_eval_of_an_async_run_checkpoint(tmp_path, job_name):
     proc = launch(tiny_config(tmp_path, job_name))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -57,6 +57,7 @@ def test_eval_of_an_async_run_checkpoint(tmp_path, job_name):
     assert again.returncode == 0 and stats(again.stdout) == s, again.stdout + again.stderr
 
 
+@pytest.mark.process
 def test_episodes_are_deterministic_per_seed_and_the_default_seed_is_not_a_training_seed(sync_checkpoint):
     runs = [evaluate(str(sync_checkpoint), "--episodes", "4", "--seed", seed) for seed in ("5", "5", "6")]
     for proc in runs:
@@ -70,13 +71,15 @@ def test_episodes_are_deterministic_per_seed_and_the_default_seed_is_not_a_train
     assert stats(default.stdout)["return"] != stats(train_seed_run.stdout)["return"]
 
 
+@pytest.mark.process
 def test_eval_matches_the_trainers_deterministic_actions(sync_checkpoint):
     """The returns printed are those of FastSAC.act(deterministic=True) on the same envs."""
     import torch
-    from fastsac.run import state as run_state
-    from fastsac.run.checkpoint import load_checkpoint
+
     from fastsac.config import config_from_dict
     from fastsac.envs.registry import EnvSpec, make_env
+    from fastsac.run import state as run_state
+    from fastsac.run.checkpoint import load_checkpoint
 
     payload = load_checkpoint(sync_checkpoint)
     cfg = config_from_dict(payload["config"])
@@ -97,6 +100,7 @@ def test_eval_matches_the_trainers_deterministic_actions(sync_checkpoint):
     np.testing.assert_allclose([mean, low, high], [total.mean(), total.min(), total.max()], atol=2e-3)
 
 
+@pytest.mark.process
 def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
     proc = evaluate(str(tmp_path / "nope.pt"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
@@ -122,9 +126,10 @@ def test_before_step_sees_each_counted_step_and_changes_nothing():
     """run_eval_episodes' hook (fastsac-eval --video films with it) is called before every step with
     the mask of the episodes still counted: env i is marked running exactly lengths[i] times."""
     import torch
+
     from fastsac.envs.registry import make_env
-    from fastsac.tools.evaluate import deterministic_actions
     from fastsac.run.eval_episodes import run_eval_episodes
+    from fastsac.tools.evaluate import deterministic_actions
 
     def run_episodes(actor, env, seed, before_step=None):   # one episode per env, as fastsac-eval plays them
         return run_eval_episodes(deterministic_actions(actor), env, seed, env.num_envs, before_step=before_step)

@@ -14,15 +14,14 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from e2e_helpers import launch, tiny_config
 
 from fastsac import shm_layout as shm
 from fastsac.common.seeds import resolve_eval_seed
-from fastsac.run import eval_episodes
 from fastsac.config import config_from_dict
+from fastsac.run import eval_episodes
 from fastsac.run.eval_episodes import quotas, run_eval_episodes
 from fastsac.shm_layout.eval_channel import pack_weights, snapshot_numel, unpack_tag
-
-from e2e_helpers import launch, tiny_config
 
 PENDULUM_STEPS = 200
 EVAL_TAGS = ("eval/mean_return", "eval/mean_ep_len", "eval/min_return", "eval/max_return", "eval/min_ep_len",
@@ -96,6 +95,7 @@ def test_the_eval_seed_is_none_of_the_training_seeds():
 
 # --------------------------------------------------------------------------- the channel
 
+@pytest.mark.process
 def test_eval_channel_has_one_writer_and_readers_see_whole_results(job_name):
     ch = shm.EvalChannel.create_or_attach(job_name, 42)
     try:
@@ -129,6 +129,7 @@ def test_eval_channel_has_one_writer_and_readers_see_whole_results(job_name):
     again.close()
 
 
+@pytest.mark.process
 def test_stale_eval_segments_are_found_and_removed_by_cleanup(job_name):
     ch = shm.EvalChannel.create_or_attach(job_name, 7)
     snap = shm.WeightSnapshot.create_or_attach(job_name, shm.EVALUATOR_ID, 16, 7)
@@ -145,6 +146,7 @@ def test_stale_eval_segments_are_found_and_removed_by_cleanup(job_name):
 
 # --------------------------------------------------------------------------- sync trainer
 
+@pytest.mark.process
 def test_sync_trainer_logs_eval_scalars_at_each_interval(tmp_path, job_name):
     cfg = with_eval(tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 30}),
                     interval=10, episodes=3, num_envs=2)
@@ -173,6 +175,7 @@ def plan_text(*overrides: str, as_json: bool = False, config: str = "configs/qui
     return proc.stdout
 
 
+@pytest.mark.process
 def test_the_plan_has_an_evaluator_only_with_eval_on(tmp_path):
     path = tmp_path / "job.yaml"
     base = yaml.safe_load(open("configs/quickstart.yaml"))
@@ -194,6 +197,7 @@ def test_the_plan_has_an_evaluator_only_with_eval_on(tmp_path):
 
 def test_a_bound_plan_gives_the_evaluator_its_own_cpus_from_the_learners(tmp_path):
     from fake_sysfs import two_nodes
+
     from fastsac.machine.plan import plan_job
     from fastsac.machine.topology import discover_topology
     cfg = config_from_dict({"device": "cpu", "env": {"num_envs": 8}, "eval": {"interval": 10, "cpus": 2},

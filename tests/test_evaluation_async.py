@@ -11,9 +11,11 @@ import signal
 import subprocess
 import sys
 
-from fastsac import shm_layout as shm
+import pytest
 from e2e_helpers import job_segments, kill_all, tiny_config, wait_for
 from test_evaluation import EVAL_TAGS, PENDULUM_STEPS, eval_points, with_eval
+
+from fastsac import shm_layout as shm
 
 NUM_ENVS = 8   # tiny_config's
 
@@ -42,6 +44,7 @@ def eval_job(tmp_path, job, iterations: int, **async_options):
     return with_eval(cfg, interval=25, episodes=3, num_envs=2)
 
 
+@pytest.mark.process
 def test_async_job_evaluates_off_the_learner_and_logs_eval_scalars(tmp_path, job_name):
     config = eval_job(tmp_path, job_name, 200)
     plan = subprocess.run([sys.executable, "-m", "fastsac.launcher", str(config), "--plan"], capture_output=True,
@@ -79,6 +82,7 @@ def test_async_job_evaluates_off_the_learner_and_logs_eval_scalars(tmp_path, job
     assert not job_segments(job_name)
 
 
+@pytest.mark.process
 def test_a_killed_evaluator_is_restarted_and_training_finishes(tmp_path, job_name):
     launcher = start(eval_job(tmp_path, job_name, 300))
     try:
@@ -99,6 +103,7 @@ def test_a_killed_evaluator_is_restarted_and_training_finishes(tmp_path, job_nam
     assert not job_segments(job_name)
 
 
+@pytest.mark.process
 def test_a_hung_evaluator_is_killed_and_given_up_on_while_training_goes_on(tmp_path, job_name):
     launcher = start(eval_job(tmp_path, job_name, 400, max_restarts=0, heartbeat_timeout_s=2.0))
     try:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from checkpoint_bytes import flip_tensor_bytes
-from fastsac.run import state as run_state
+
 from fastsac.config import config_from_dict
 from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.run import state as run_state
 
 TASKS = ["pendulum", "halfcheetah"]
 # torch deprecates TorchScript in favour of torch.export, but still loads it; the format is asked for
@@ -86,6 +86,7 @@ def trained(request, tmp_path):
     return path, agent, obs, trainer_actions(agent, obs)
 
 
+@pytest.mark.process
 def test_torchscript_actor_gives_the_trainers_deterministic_actions(trained, tmp_path):
     path, agent, obs, want = trained
     out = tmp_path / "actor.pt"
@@ -99,6 +100,7 @@ def test_torchscript_actor_gives_the_trainers_deterministic_actions(trained, tmp
     assert np.abs(want).max() > 0 and not np.allclose(want, want[0])   # the check is not vacuous
 
 
+@pytest.mark.process
 def test_onnx_actor_gives_the_trainers_deterministic_actions(trained, tmp_path):
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'fastsac[export]')")
     pytest.importorskip("onnxscript", reason="onnxscript is not installed (pip install 'fastsac[export]')")
@@ -116,6 +118,7 @@ def test_onnx_actor_gives_the_trainers_deterministic_actions(trained, tmp_path):
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
 
 
+@pytest.mark.process
 def test_the_exported_file_says_what_it_is(tmp_path):
     import json
     path, agent = make_checkpoint(tmp_path, "pendulum")
@@ -128,6 +131,7 @@ def test_the_exported_file_says_what_it_is(tmp_path):
     assert meta["action_low"] == [-2.0] and meta["action_high"] == [2.0] and meta["checkpoint"]["env_steps"] == 64
 
 
+@pytest.mark.process
 def test_missing_or_corrupt_checkpoint_is_exit_2_and_writes_nothing(tmp_path):
     out = tmp_path / "actor.pt"
     proc = cli(str(tmp_path / "nope.pt"), "--format", "torchscript", str(out))
@@ -145,6 +149,7 @@ def test_missing_or_corrupt_checkpoint_is_exit_2_and_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "run"]
 
 
+@pytest.mark.process
 def test_onnx_without_its_extra_is_exit_2_with_the_pip_command(tmp_path):
     path, _ = make_checkpoint(tmp_path, "pendulum")
     out = tmp_path / "actor.onnx"
@@ -155,8 +160,8 @@ def test_onnx_without_its_extra_is_exit_2_with_the_pip_command(tmp_path):
 
 
 def test_a_written_file_that_does_not_reproduce_the_actor_is_an_error_and_is_not_kept(tmp_path, monkeypatch):
-    from fastsac.tools import export
     from fastsac.run.checkpoint import load_checkpoint
+    from fastsac.tools import export
     path, _ = make_checkpoint(tmp_path, "pendulum")
     payload = load_checkpoint(path)
     policy = export.load_policy(path, payload, config_from_dict(payload["config"]), np.full(1, -2.0), np.full(1, 2.0))

@@ -1,5 +1,5 @@
 """Fault injection against real async jobs (CPU): kill -9 of each process, hung processes (SIGSTOP),
-SIGTERM, double launch, stale segments, an env that produces NaN. docs/design.md ("Faults") lists what
+SIGTERM, double launch, stale segments, an env that produces NaN. docs/operations.md ("Faults") lists what
 each fault costs and which test covers it. Test-only hooks live in tests/fault_hooks (put on the
 job's PYTHONPATH): nan_env.py (an env name for the registry's module:Class form) and sitecustomize.py
 (a learner whose first update blocks like torch.compile).
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from e2e_helpers import job_segments, newest_checkpoint, tiny_config
+
 from fastsac import shm_layout as shm
 from fastsac.run.checkpoint import load_checkpoint
 
@@ -256,6 +256,7 @@ def all_finite(state) -> bool:
 
 # --------------------------------------------------------------------------- 1. collector killed
 
+@pytest.mark.process
 def test_collector_kill9_is_restarted_and_the_job_finishes(fault_job):
     # One collector, a ring of 4 slots: after the kill the learner can ingest at most 4 more
     # batches, so the 60-iteration run cannot finish without the restarted collector.
@@ -275,6 +276,7 @@ def test_collector_kill9_is_restarted_and_the_job_finishes(fault_job):
     assert job_segments(job.name) == []
 
 
+@pytest.mark.process
 def test_restart_count_resets_after_a_healthy_stretch(fault_job):
     # max_restarts=1 would stop the job at the second crash, unless the collector ran
     # restart_reset_s (1 s here) since its restart: then the count starts afresh.
@@ -296,6 +298,7 @@ def test_restart_count_resets_after_a_healthy_stretch(fault_job):
     assert job_segments(job.name) == []
 
 
+@pytest.mark.process
 def test_hung_collector_is_killed_and_restarted_while_the_other_keeps_feeding(fault_job):
     # SIGSTOP = a hang (deadlock, stuck env): no exit, only the heartbeat stops.
     job = fault_job(trainer={"num_iterations": 100_000,
@@ -319,6 +322,7 @@ def test_hung_collector_is_killed_and_restarted_while_the_other_keeps_feeding(fa
     assert job_segments(job.name) == []
 
 
+@pytest.mark.process
 def test_collector_kill9_with_max_restarts_0_stops_the_job(fault_job):
     job = fault_job(trainer={"num_iterations": 100_000, "async_options": {"max_restarts": 0}})
     launcher = job.start()
@@ -337,6 +341,7 @@ def test_collector_kill9_with_max_restarts_0_stops_the_job(fault_job):
 
 # --------------------------------------------------------------------------- 2. learner killed
 
+@pytest.mark.process
 def test_learner_kill9_fails_the_job_and_keeps_the_last_checkpoint(fault_job):
     job = fault_job(trainer={"num_iterations": 100_000}, checkpoint={"interval": 2})
     launcher = job.start()
@@ -357,6 +362,7 @@ def test_learner_kill9_fails_the_job_and_keeps_the_last_checkpoint(fault_job):
     assert job_segments(job.name) == []
 
 
+@pytest.mark.process
 def test_hung_learner_is_killed_and_fails_the_job(fault_job):
     job = fault_job(trainer={"num_iterations": 100_000, "async_options": {"heartbeat_timeout_s": 3.0}},
                     checkpoint={"interval": 2})
@@ -377,6 +383,7 @@ def test_hung_learner_is_killed_and_fails_the_job(fault_job):
     assert job_segments(job.name) == []
 
 
+@pytest.mark.process
 def test_learner_compiling_longer_than_the_heartbeat_timeout_is_not_taken_for_hung(fault_job):
     # tests/fault_hooks/sitecustomize.py: agent.compiled = True and the first update blocks 4 s,
     # like torch.compile on CUDA; the heartbeat timeout is 2.5 s.
@@ -394,6 +401,7 @@ def test_learner_compiling_longer_than_the_heartbeat_timeout_is_not_taken_for_hu
     assert job_segments(job.name) == []
 
 
+@pytest.mark.process
 def test_checkpoint_save_longer_than_the_heartbeat_timeout_is_not_taken_for_hung(fault_job):
     # tests/fault_hooks/sitecustomize.py: every save blocks 4 s (a slow disk); the heartbeat
     # timeout is 2.5 s. The periodic save at iteration 20 runs while the job is RUNNING.
@@ -409,6 +417,7 @@ def test_checkpoint_save_longer_than_the_heartbeat_timeout_is_not_taken_for_hung
 
 # --------------------------------------------------------------------------- 3. launcher killed
 
+@pytest.mark.process
 @pytest.mark.parametrize("recovery", ["cleanup", "relaunch"])
 def test_launcher_kill9_orphans_exit_and_stale_segments_are_recovered(fault_job, recovery):
     job = fault_job(trainer={"num_iterations": 100_000}, checkpoint={"interval": 4})
@@ -459,6 +468,7 @@ def test_launcher_kill9_orphans_exit_and_stale_segments_are_recovered(fault_job,
 
 # --------------------------------------------------------------------------- 4. SIGTERM
 
+@pytest.mark.process
 def test_sigterm_to_the_launcher_stops_gracefully_with_a_final_checkpoint(fault_job):
     job = fault_job(trainer={"num_iterations": 100_000}, checkpoint={"interval": 0})
     launcher = job.start()
@@ -482,6 +492,7 @@ def test_sigterm_to_the_launcher_stops_gracefully_with_a_final_checkpoint(fault_
 
 # --------------------------------------------------------------------------- 5. double launch
 
+@pytest.mark.process
 def test_second_launch_of_a_running_job_is_refused_and_harmless(fault_job):
     job = fault_job(trainer={"num_iterations": 100})
     first = job.start()
@@ -505,6 +516,7 @@ def hooks_env(**extra: str) -> dict:
     return dict(os.environ, PYTHONPATH=path, **extra)
 
 
+@pytest.mark.process
 def test_env_nan_never_reaches_the_ring_and_fails_the_job_after_restarts(fault_job):
     from fastsac.config import ConfigError
     from fastsac.envs.registry import check_env_name

@@ -11,9 +11,13 @@ import sys
 import time
 
 import numpy as np
-
+import pytest
 from e2e_helpers import job_segments, kill_all, observe, tiny_config, wait_for
+
 from fastsac import shm_layout as shm
+
+
+@pytest.mark.process
 def test_a_corrupted_ring_drops_and_restarts_its_collector_not_the_job(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 1_000_000, "async_options": {
         "restart_backoff_s": 0.2}})

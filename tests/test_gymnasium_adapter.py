@@ -4,8 +4,8 @@ import sys
 import numpy as np
 import pytest
 
+from fastsac.common.seeds import env_seed_sequence
 from fastsac.config import ConfigError
-from fastsac.envs.base import env_seed_sequence
 from fastsac.envs.pendulum import PendulumSwingUp
 from fastsac.envs.registry import make_env
 

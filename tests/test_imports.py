@@ -1,4 +1,5 @@
-"""The fastsac package has no import cycles, and its torch-free modules import without torch.
+"""The fastsac package's import structure: no cycles, imports only down the layers, roles that never
+import each other, torch-free layers, and no function-level import without a stated reason.
 
 The cycle check reads the sources (ast), so it sees every import, also one inside a function:
 such an import still runs, and a cycle through it works only as long as the callers happen to
@@ -129,6 +130,7 @@ def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
     return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
 
 
+@pytest.mark.process
 def test_fastsac_has_no_import_cycles():
     graph = import_graph(REPO, "fastsac")
     # the walker sees real edges (a broken walker would find no cycle in anything)
@@ -157,10 +159,104 @@ def test_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path):
     assert len(cycles) == 1 and set(cycles[0]) == {"p.a", "p.sub", "p.sub.c"}, cycles
 
 
+# The layers, bottom first (docs/architecture.md): a module imports only from its own package or
+# from packages on a lower floor. Packages on one floor never import each other: the four roles
+# (collector, learner, evaluation, sync) meet only in shared memory and the layers below them.
+LAYERS = [
+    ["errors"], ["common"], ["envs"], ["config"], ["shm_layout"], ["machine"], ["process"], ["algo"], ["run"],
+    ["collector", "learner", "evaluation", "sync"], ["launch", "tools"],
+    ["launcher", "collector_main", "learner_main", "evaluator_main"],     # the entry points users type
+]
+FLOOR = {pkg: floor for floor, pkgs in enumerate(LAYERS) for pkg in pkgs}
+ROLES = LAYERS[9]
+# Packages the launcher, --plan, --status and the NUMA checks use: they never import torch.
+TORCH_FREE_PACKAGES = ["common", "config", "shm_layout", "machine", "launch"]
+
+
+def package_of(module: str) -> str:
+    """fastsac.learner.loop -> learner; fastsac.sync -> sync; fastsac -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_package_has_a_floor():
+    tops = {package_of(m) for m in package_modules(REPO, "fastsac")} - {""}
+    assert tops == set(FLOOR), f"packages without a floor: {tops - set(FLOOR)}; floors of no package: {set(FLOOR) - tops}"
+
+
+def layer_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    bad = []
+    for module, edges in sorted(graph.items()):
+        mine = package_of(module)
+        for target, line in sorted(edges.items()):
+            theirs = package_of(target)
+            if mine and theirs and theirs != mine and FLOOR[theirs] >= FLOOR[mine]:
+                kind = "a peer" if FLOOR[theirs] == FLOOR[mine] else "a higher floor"
+                bad.append(f"{module} (line {line}) imports {target}: {kind} ({mine} floor {FLOOR[mine]}, "
+                           f"{theirs} floor {FLOOR[theirs]})")
+    return bad
+
+
+def test_imports_only_go_down_the_layers():
+    bad = layer_violations(import_graph(REPO, "fastsac"))
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_catches_upward_and_peer_imports():
+    """Negative control on a made-up graph: an import up, one between two roles, one down."""
+    graph = {"fastsac.config.schema": {"fastsac.run.state": 3},            # up
+             "fastsac.collector.loop": {"fastsac.learner.feed": 7},          # between roles
+             "fastsac.learner.loop": {"fastsac.algo.fastsac": 9}}            # down: fine
+    bad = layer_violations(graph)
+    assert len(bad) == 2 and "collector.loop" in bad[0] and "a peer" in bad[0], bad
+    assert "config.schema" in bad[1] and "a higher floor" in bad[1], bad
+
+
+def test_the_roles_never_import_each_other():
+    graph = import_graph(REPO, "fastsac")
+    crossings = [(m, t) for m, edges in graph.items() for t in edges
+                 if package_of(m) in ROLES and package_of(t) in ROLES and package_of(m) != package_of(t)]
+    assert not crossings, crossings
+
+
+def _function_level_imports(path: Path):
+    """(line number, text) of every import statement inside a function or class body."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    yield inner.lineno
+
+
+def test_every_function_level_import_says_why():
+    """An import inside a function defers a heavy or optional dependency (torch before the binding,
+    mujoco, onnx, ...); it says so in a comment on its line or on the comment line that heads its
+    group of imports. One without a reason belongs at the top of the module."""
+    bare = []
+    for path in sorted((REPO / "fastsac").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for lineno in sorted(set(_function_level_imports(path))):
+            i = lineno - 1
+            if "#" in lines[i]:
+                continue
+            j = i - 1   # up through the group of imports (and their continuation lines) to its head
+            while j >= 0 and (lines[j].strip().startswith(("import ", "from ")) or lines[j].strip().endswith(",")
+                              or lines[j].strip() in (")", "")):     # blank: isort's gap between groups
+                j -= 1
+            if j < 0 or not lines[j].strip().startswith("#"):
+                bare.append(f"{path.relative_to(REPO)}:{lineno}: {lines[i].strip()}")
+    assert not bare, "function-level imports without a reason:\n" + "\n".join(bare)
+
+
+def modules_of(packages: list[str]) -> list[str]:
+    return sorted(m for m in package_modules(REPO, "fastsac")
+                  if package_of(m) in packages and not m.endswith("__main__"))   # running those is a CLI
+
+
 # Modules the launcher, --plan and the NUMA checks import: they must not pay for torch.
-TORCH_FREE = ["fastsac.shm_layout", "fastsac.launcher", "fastsac.machine.topology", "fastsac.machine.plan",
-              "fastsac.config", "fastsac.common.procs", "fastsac.errors", "fastsac.machine.ranks",
-              "fastsac.run.eval_episodes"]
+TORCH_FREE = [*modules_of(TORCH_FREE_PACKAGES), "fastsac.launcher", "fastsac.errors", "fastsac.envs.registry",
+              "fastsac.algo.policy_layout", "fastsac.run.eval_episodes", "fastsac.run.checkpoint"]
 
 _IMPORT_WITHOUT_TORCH = """
 import importlib, sys
@@ -186,11 +282,13 @@ def import_alone(module: str) -> set[str]:
     return set(res.stdout.split())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", TORCH_FREE)
 def test_imports_without_torch(module):
     assert module in import_alone(module)
 
 
+@pytest.mark.process
 def test_checkpoint_does_not_import_the_shared_memory_layout():
     # checkpoint retention only asks whether a pid is alive (fastsac.common.procs)
     loaded = import_alone("fastsac.run.checkpoint")

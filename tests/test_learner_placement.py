@@ -13,10 +13,10 @@ from fake_sysfs import two_gpus, two_nodes
 
 from fastsac import shm_layout as shm
 from fastsac.config import ConfigError, config_from_dict
-from fastsac.shm_layout.job_settings import job_settings
-from fastsac.machine.plan import format_plan, plan_job, plan_to_json
 from fastsac.launch.status import format_status, take_snapshot
+from fastsac.machine.plan import format_plan, plan_job, plan_to_json
 from fastsac.machine.topology import discover_topology
+from fastsac.shm_layout.job_settings import job_settings
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "/opt/py/bin/python3"
@@ -95,6 +95,7 @@ def test_second_machine_learners_have_global_ranks_after_the_first_machines(gpus
     assert "learner 0: global rank 1 (node_rank 1)" in format_plan(one)
 
 
+@pytest.mark.process
 def test_one_learner_plan_has_no_learner_group_parts(gpus2, tmp_path):
     p = plan(cfg(num_collectors=2), gpus2)
     assert p.world_size == 1 and "learners:" not in format_plan(p) and "1 learner + 2" in format_plan(p)
@@ -114,6 +115,7 @@ def _launch_plan(tmp_path, *overrides, env=None):
                           env=env)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("overrides, message", [
     (["distributed.nnodes=2", "distributed.node_rank=2"], "distributed.node_rank: 2 is not a machine"),
     (["distributed.num_learners=2"], "distributed.num_learners: 2 learners but only 1 collector"),
@@ -128,6 +130,7 @@ def test_invalid_combinations_exit_2_naming_the_key(tmp_path, overrides, message
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.process
 def test_master_port_in_use_on_node_rank_0_exits_2(tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -9,8 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 from e2e_helpers import job_segments, kill_all, observe, tiny_config, wait_for
+
 from fastsac import shm_layout as shm
+
 HAND_PREFIX = "collector 1 is left for you to start, by hand: "
 
 
@@ -29,6 +32,7 @@ def launch_with_collector_1_by_hand(tmp_path, job_name: str, iterations: int):
     raise AssertionError("the launcher never printed the command for collector 1")
 
 
+@pytest.mark.process
 def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, job_name):
     launcher, command = launch_with_collector_1_by_hand(tmp_path, job_name, 400)
     started = []
@@ -62,6 +66,7 @@ def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, jo
         kill_all(launcher, *started)
 
 
+@pytest.mark.process
 def test_the_job_waits_for_a_manual_collector_and_refuses_one_with_another_config(tmp_path, job_name):
     """The learner holds the job (no env step counts) until the manual collector attached; one
     started with different settings is refused before it touches anything, and the job goes on."""
@@ -100,6 +105,7 @@ def test_the_job_waits_for_a_manual_collector_and_refuses_one_with_another_confi
         kill_all(launcher, *started)
 
 
+@pytest.mark.process
 def test_a_manual_collector_that_never_comes_fails_the_job_after_collector_wait_s(tmp_path, job_name):
     from e2e_helpers import launch
     cfg = tiny_config(tmp_path, job_name, trainer={"async_options": {

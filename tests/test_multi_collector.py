@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config
+
 from fastsac.run.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,6 +22,7 @@ def plan_json(config: Path, *overrides: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.process
 def test_default_config_plans_one_unbound_collector_without_numactl(tmp_path):
     # its own run_dir: the default one may hold a quick-start run's checkpoints (a fresh run is refused there)
     plan = plan_json(REPO / "configs" / "quickstart.yaml", "trainer.asynchronous=true", f"run_dir={tmp_path / 'run'}")
@@ -33,6 +36,7 @@ def test_default_config_plans_one_unbound_collector_without_numactl(tmp_path):
     assert (c0["env_first"], c0["env_count"]) == (0, 32)
 
 
+@pytest.mark.process
 def test_two_collectors_train_with_disjoint_envs_and_seeds(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, env={"num_envs": 9, "max_episode_steps": 20},
                       trainer={"num_iterations": 40, "async_options": {"num_collectors": 2}})
@@ -54,6 +58,7 @@ def test_two_collectors_train_with_disjoint_envs_and_seeds(tmp_path, job_name):
     assert job_segments(job_name) == []
 
 
+@pytest.mark.process
 def test_resume_across_collector_counts(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 8, "async_options": {"num_collectors": 2}})
     assert launch(cfg).returncode == 0

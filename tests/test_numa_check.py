@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from e2e_helpers import launch, tiny_config
 
 NUM_COLLECTORS = 2
@@ -30,6 +31,7 @@ def processes(doc: dict) -> dict[str, list[int]]:
     return out
 
 
+@pytest.mark.process
 def test_a_second_check_with_the_same_run_dir_reports_only_its_own_processes(tmp_path, job_name):
     binding = "numactl" if shutil.which("numactl") else "off"
     config = tiny_config(tmp_path, job_name, trainer={"async_options": {

@@ -98,6 +98,7 @@ def _stop(proc: subprocess.Popen) -> str:
     return out or ""
 
 
+@pytest.mark.process
 def test_harness_shares_the_work_directory_streams_output_and_returns_the_exit_status(numa_vm_ready, tmp_path):
     """One short boot: 2 nodes in the guest, the work directory shared read-write and the rest of
     the host root not, the command's stdout/stderr appended to the caller's own log file (which
@@ -125,6 +126,7 @@ def test_harness_shares_the_work_directory_streams_output_and_returns_the_exit_s
     assert not outside.exists(), f"a write outside the work directory reached the host: {outside}"
 
 
+@pytest.mark.process
 def test_probe_binds_first_touches_and_plans_inside_a_cpuset_on_the_real_kernel(numa_vm_ready, tmp_path):
     """tests/numa_vm_probe.py in the guest: the plan's numactl and in-process commands bind for
     real, each child's first-touched segment lands on its node, and discovery inside a cgroup
@@ -137,6 +139,7 @@ def test_probe_binds_first_touches_and_plans_inside_a_cpuset_on_the_real_kernel(
     assert "SKIP" not in proc.stdout, proc.stdout[-6000:]
 
 
+@pytest.mark.process
 def test_spread_collectors_are_bound_and_first_touch_on_their_node(numa_vm_ready, tmp_path, job_name):
     python = _interpreter()
     workdir = tmp_path / "guest"    # configs + process logs; kept by pytest for a post-mortem

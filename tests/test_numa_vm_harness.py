@@ -36,6 +36,7 @@ def read_newc(data: bytes) -> dict[str, tuple[int, bytes, tuple[int, int]]]:
         pos = (pos + size + 3) & ~3
 
 
+@pytest.mark.process
 def test_cpio_is_newc_with_files_dirs_and_device_nodes_padded_for_concatenation():
     body = b"x" * 5
     data = numa_vm.cpio([("bin", 0o040755, b""), ("bin/tool", 0o100755, body), ("dev/console", 0o020600, b"5:1")])
@@ -45,6 +46,7 @@ def test_cpio_is_newc_with_files_dirs_and_device_nodes_padded_for_concatenation(
                        "dev/console": (0o020600, b"", (5, 1))}
 
 
+@pytest.mark.process
 def test_job_script_carries_the_command_environment_and_directory(tmp_path, monkeypatch):
     tricky = "it's $HOME `x` \"q\"\nline 2"
     monkeypatch.setenv("NUMA_VM_TEST_VALUE", tricky)
@@ -69,6 +71,7 @@ def fake_bzimage(payload: bytes) -> bytes:
     return bytes(image) + payload + b"tail"
 
 
+@pytest.mark.process
 def test_vmlinux_is_the_decompressed_bzimage_payload():
     elf = b"\x7fELF" + os.urandom(3000)
     xz = lzma.compress(elf, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32) + len(elf).to_bytes(4, "little")
@@ -77,12 +80,14 @@ def test_vmlinux_is_the_decompressed_bzimage_payload():
     assert numa_vm._extract_vmlinux(b"\0" * 4096) is None   # not a bzImage
 
 
+@pytest.mark.process
 def test_module_dependencies_come_from_modinfo():
     assert numa_vm._modinfo_depends(b"\x7fELF..\x00license=GPL\x00depends=9pnet,netfs,fscache\x00intree=Y\x00") \
         == ["9pnet", "netfs", "fscache"]
     assert numa_vm._modinfo_depends(b"\x00license=GPL\x00depends=\x00name=overlay\x00") == []
 
 
+@pytest.mark.process
 def test_static_busybox_check_reads_the_program_headers():
     assert not numa_vm._is_static_elf(sys.executable if not os.path.islink(sys.executable)
                                       else os.path.realpath(sys.executable))   # dynamically linked

@@ -513,6 +513,7 @@ def _cli_plan(tmp_path, sysfs, config_text, *overrides):
     return proc.stdout
 
 
+@pytest.mark.process
 def test_cli_default_plan_is_byte_identical_to_binding_off_and_two_collectors_bind(tmp_path):
     from pathlib import Path
     quick = (Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml").read_text()

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import job_segments, tiny_config
+
 from fastsac.launch import preflight
 from fastsac.shm_layout import MAX_COLLECTORS
 
@@ -86,6 +86,7 @@ if not HAS_GPU:
 CASES.append(("cuda index past the GPUs", ["device=cuda:63"], ["device: 'cuda:63' was requested but"]))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", ["launch", "plan"])
 @pytest.mark.parametrize("case_id, overrides, fragments", CASES, ids=[c[0] for c in CASES])
 def test_refused_before_anything_is_created(tmp_path, job_name, mode, case_id, overrides, fragments):
@@ -94,6 +95,7 @@ def test_refused_before_anything_is_created(tmp_path, job_name, mode, case_id, o
     assert_refused(tmp_path, job_name, cfg, args, *fragments)
 
 
+@pytest.mark.process
 def test_sync_trainer_gets_the_same_checks(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, run_dir="run", trainer={"asynchronous": False, "num_iterations": 20})
     assert_refused(tmp_path, job_name, cfg, ["resume=nope.pt"], "resume: 'nope.pt' does not exist")
@@ -101,12 +103,14 @@ def test_sync_trainer_gets_the_same_checks(tmp_path, job_name):
     assert_refused(tmp_path, job_name, cfg, ["device=cpu", "algo.buffer_size=1000000000000"], "MemAvailable")
 
 
+@pytest.mark.process
 def test_run_dir_that_is_a_file_is_refused(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, run_dir="job.yaml")
     proc = run_cli(tmp_path, cfg, "--plan")
     assert proc.returncode == 2 and "run_dir: 'job.yaml' exists and is not a directory" in proc.stderr
 
 
+@pytest.mark.process
 def test_a_valid_config_still_plans_and_nothing_is_created(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, run_dir="run")
     proc = run_cli(tmp_path, cfg, "--plan")
@@ -115,6 +119,7 @@ def test_a_valid_config_still_plans_and_nothing_is_created(tmp_path, job_name):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
 
 
+@pytest.mark.process
 def test_the_launcher_never_imports_torch(tmp_path, job_name):
     """--plan and a refused launch run every pre-spawn check without importing torch."""
     cfg = tiny_config(tmp_path, job_name, run_dir="run")

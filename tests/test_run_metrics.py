@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import numpy as np
-
+import pytest
 from e2e_helpers import launch, scalar_tags, tiny_config
-from fastsac.envs.base import reset_seed
+
+from fastsac.common.seeds import reset_seed
 from fastsac.envs.pendulum import PendulumSwingUp
 
 
+@pytest.mark.process
 def test_a_run_shorter_than_the_log_interval_still_logs_its_final_metrics(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, env={"num_envs": 8, "max_episode_steps": 5},
                       trainer={"num_iterations": 40}, logging={"interval": 10_000, "interval_s": 3600.0})
@@ -21,6 +23,7 @@ def test_a_run_shorter_than_the_log_interval_still_logs_its_final_metrics(tmp_pa
     assert "[40/40] 320 steps" in result.stdout, result.stdout
 
 
+@pytest.mark.process
 def test_a_short_synchronous_run_logs_its_final_metrics_once(tmp_path, job_name):
     cfg = tiny_config(tmp_path, job_name, env={"num_envs": 8, "max_episode_steps": 5},
                       trainer={"num_iterations": 30, "asynchronous": False},
@@ -33,6 +36,7 @@ def test_a_short_synchronous_run_logs_its_final_metrics_once(tmp_path, job_name)
     assert result.stdout.count("[30/30] 240 steps") == 1, result.stdout
 
 
+@pytest.mark.process
 def test_collector_rates_come_from_their_counters_at_any_logging_rate(tmp_path, job_name):
     """Logging far faster than the collectors refresh their stats record (pendulum, 0.05 s):
     every window's rate is what the collectors' step counters say, never a fallback."""
@@ -62,6 +66,7 @@ def test_a_resumed_run_resets_its_envs_with_a_new_reproducible_seed():
     assert not np.allclose(other, resumed) and not np.allclose(restarted, resumed)
 
 
+@pytest.mark.process
 def test_a_run_that_ends_right_after_a_log_writes_no_second_point_at_that_step(tmp_path, job_name):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 20}, logging={"interval": 5, "interval_s": 3600.0})

@@ -333,6 +333,7 @@ def test_copy_out_moves_dense_part_and_num_final_rows(job_name):
 
 # --------------------------------------------------------------------------- processes
 
+@pytest.mark.process
 def test_cross_process_100k_slots_in_order_and_untorn(job_name, procs):
     n_slots, spec = 100_000, STRESS
     p = procs(producer_main, job_name, spec, n_slots)
@@ -366,6 +367,7 @@ def test_cross_process_100k_slots_in_order_and_untorn(job_name, procs):
         cons.close()
 
 
+@pytest.mark.process
 def test_producer_restart_keeps_unread_slots(job_name, procs):
     spec = L.RingSpec(4, 3, 2, 2, capacity=16)
     p = procs(producer_main, job_name, spec, 5)  # creates, pushes 0..4, exits without unlink
@@ -385,6 +387,7 @@ def test_producer_restart_keeps_unread_slots(job_name, procs):
         cons.close()
 
 
+@pytest.mark.process
 def test_second_producer_and_consumer_are_refused(job_name, procs):
     import multiprocessing as mp
     ctx = mp.get_context("spawn")

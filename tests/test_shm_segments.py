@@ -114,6 +114,7 @@ def test_every_header_field_is_validated(job_name, field, value, message):
         L.TransitionRing.attach(job_name, 0, SPEC, "consumer")
 
 
+@pytest.mark.process
 def test_incarnation_mismatch_is_an_earlier_launch(job_name):
     L.TransitionRing.create(job_name, 0, SPEC, INC).close()
     with pytest.raises(L.ShmLayoutError, match="belongs to job incarnation 0x5eed000000000007 but the running job is "
@@ -201,6 +202,7 @@ def orphan_producer_main(job: str, ready, stop) -> None:
     ring.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_dead_launcher_leaves_stale_segments_that_are_found_and_removed(job_name, procs, how):
     ctx = mp.get_context("spawn")
@@ -253,6 +255,7 @@ def test_rings_without_their_control_block_are_stale(job_name):
     assert {s.name for s in L.find_stale_segments()} >= {s.name for s in stale}
 
 
+@pytest.mark.process
 def test_leftovers_of_an_earlier_launch_are_stale_and_replaced(job_name):
     L.TransitionRing.create(job_name, 0, SPEC, INC).close()  # from a launch that crashed
     ctl = L.ControlBlock.create(job_name, 1)  # the new launch (removes dead-job leftovers itself)
@@ -271,6 +274,7 @@ def test_leftovers_of_an_earlier_launch_are_stale_and_replaced(job_name):
         ctl.close()
 
 
+@pytest.mark.process
 def test_a_launcher_that_is_still_starting_keeps_a_second_launch_out(job_name):
     """Two launches of one job within microseconds: the second must not remove the first's
     brand-new control block as "stale". The launch guard (a user-private flock) decides."""
@@ -298,6 +302,7 @@ def test_a_launcher_that_is_still_starting_keeps_a_second_launch_out(job_name):
     L.unlink_job_segments(job_name)
 
 
+@pytest.mark.process
 def test_the_launch_guard_cannot_be_taken_by_another_user(job_name, tmp_path, monkeypatch):
     """The guard lives in a directory private to the user: a name in a shared namespace (the
     abstract socket the guard once was) held by someone else no longer keeps the job out, and
@@ -322,6 +327,7 @@ def test_the_launch_guard_cannot_be_taken_by_another_user(job_name, tmp_path, mo
     assert not os.path.exists(f"/dev/shm/{L.ctl_name(job_name).lstrip('/')}")
 
 
+@pytest.mark.process
 def test_create_or_attach_is_what_a_restarting_collector_needs(job_name):
     ctl = L.ControlBlock.create(job_name, 1)
     try:
@@ -345,6 +351,7 @@ def test_create_or_attach_is_what_a_restarting_collector_needs(job_name):
         ctl.close()
 
 
+@pytest.mark.process
 def test_orphaned_attacher_blocks_removal_unless_forced(job_name, procs):
     ctl = L.ControlBlock.create(job_name, 1)
     L.TransitionRing.create(job_name, 0, SPEC, ctl.incarnation).close()
@@ -366,6 +373,7 @@ def test_orphaned_attacher_blocks_removal_unless_forced(job_name, procs):
         p.join(10)
 
 
+@pytest.mark.process
 def test_recreated_job_makes_old_handles_not_current(job_name):
     ctl = L.ControlBlock.create(job_name, 1)
     obs = L.ControlBlock.attach(job_name)
@@ -382,6 +390,7 @@ def test_recreated_job_makes_old_handles_not_current(job_name):
         ctl2.close()
 
 
+@pytest.mark.process
 def test_cli_list_and_clean(job_name, capsys):
     L.TransitionRing.create(job_name, 0, SPEC, INC).close()
     assert L.main(["list", "--job", job_name]) == 0
@@ -491,6 +500,7 @@ def stats_writer_main(job: str, ready, stop) -> None:
     ctl.close()
 
 
+@pytest.mark.process
 def test_collector_stats_are_never_read_half_updated(job_name, procs):
     ctl = L.ControlBlock.create(job_name, 1)
     ctx = mp.get_context("spawn")

@@ -149,6 +149,7 @@ class _NumpyWithStalledCopies:
         np.copyto(dst[half:], src[half:])
 
 
+@pytest.mark.process
 def test_cross_process_no_torn_snapshot_accepted_and_negative_control(job_name, procs, monkeypatch):
     ctx = mp.get_context("spawn")
     monkeypatch.setattr(snapshot, "np", _NumpyWithStalledCopies())

@@ -14,6 +14,8 @@ import pytest
 
 from fastsac import shm_layout as L
 from fastsac.launch import status
+
+
 def shm_bytes(job: str) -> bytes:
     with open(os.path.join(L.SHM_DIR, L.ctl_name(job).lstrip("/")), "rb") as f:
         return f.read()

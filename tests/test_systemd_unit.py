@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fastsac.launch import cli as launcher
-
-from fastsac.launch import supervisor
 from fastsac.config import AsyncOptions
+from fastsac.launch import cli as launcher
+from fastsac.launch import supervisor
 
 UNIT = Path(__file__).resolve().parents[1] / "deploy" / "fastsac@.service"
 INSTALLED_LAUNCHER = "/opt/fastsac/.venv/bin/fastsac-launch"
@@ -123,6 +122,7 @@ def _verify(path: Path) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
+@pytest.mark.process
 def test_systemd_analyze_verify(tmp_path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed (Debian/Ubuntu package 'systemd'); the unit was only "

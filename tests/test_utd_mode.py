@@ -13,21 +13,22 @@ second and counts the learner's updates in that second.
 from __future__ import annotations
 
 import multiprocessing as mp
-import signal
 import threading
 import time
 from types import SimpleNamespace
 
 import numpy as np
-
+import pytest
 from e2e_helpers import tiny_config
-from fastsac.common.transition import TransitionBatch
+
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.common.stopping import StopSignal
+from fastsac.common.transition import TransitionBatch
 from fastsac.config import load_config
-from fastsac.shm_layout.job_settings import job_settings
 from fastsac.machine.plan import plan_job
 from fastsac.process.setup import machine_topology
+from fastsac.shm_layout.job_settings import job_settings
 
 NUM_ENVS, OBS_DIM, ACT_DIM = 8, 3, 1   # tiny_config's pendulum job
 PUSHED = 6                             # env-step batches the "collector" pushes before going quiet
@@ -78,7 +79,7 @@ def updates_while_rings_empty(tmp_path, job: str, utd_mode: str, procs) -> tuple
 
     from fastsac.learner.loop import Learner
     learner = Learner(SimpleNamespace(cfg=cfg, plan=plan, me=plan.learner))
-    stop = {"signal": None}
+    stop = StopSignal()
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("exit", learner.run(stop)), daemon=True)
     thread.start()
@@ -94,7 +95,7 @@ def updates_while_rings_empty(tmp_path, job: str, utd_mode: str, procs) -> tuple
         after = int(observer.learner["num_updates"])
         assert ring.write_cursor == ring.read_cursor == PUSHED, "the ring was not empty while counting"
     finally:
-        stop["signal"] = signal.SIGTERM
+        stop.request()
         thread.join(60)
         learner.close()
         ring.close()
@@ -107,12 +108,14 @@ def updates_while_rings_empty(tmp_path, job: str, utd_mode: str, procs) -> tuple
     return before, after - before
 
 
+@pytest.mark.process
 def test_strict_makes_no_update_without_new_data(tmp_path, job_name, procs, one_torch_thread):
     before, quiet = updates_while_rings_empty(tmp_path, job_name, "strict", procs)
     assert before > 0, "strict trained on nothing: the test did not reach the update phase"
     assert quiet == 0, f"strict made {quiet} updates while every ring was empty"
 
 
+@pytest.mark.process
 def test_learner_bound_keeps_updating_on_the_buffer_it_has(tmp_path, job_name, procs, one_torch_thread):
     before, quiet = updates_while_rings_empty(tmp_path, job_name, "learner_bound", procs)
     assert before > 0

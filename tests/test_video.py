@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import new_job_name
 from e2e_helpers import launch, newest_checkpoint, tiny_config
 
@@ -93,6 +92,7 @@ def only(directory: Path, *names: str) -> None:
     assert sorted(p.name for p in directory.iterdir()) == sorted(names), list(directory.iterdir())
 
 
+@pytest.mark.process
 def test_halfcheetah_video_reads_back_one_frame_per_step(cheetah, gl, tmp_path):
     out = tmp_path / "cheetah.mp4"
     out.write_bytes(b"an older file, replaced")
@@ -112,6 +112,7 @@ def test_halfcheetah_video_reads_back_one_frame_per_step(cheetah, gl, tmp_path):
     assert warm.min() > 0.01, warm
 
 
+@pytest.mark.process
 def test_osmesa_is_the_fallback_when_egl_does_not_work(cheetah, tmp_path):
     if ctypes.util.find_library("OSMesa") is None:
         if os.environ.get("CI"):
@@ -124,6 +125,7 @@ def test_osmesa_is_the_fallback_when_egl_does_not_work(cheetah, tmp_path):
     assert_moving_picture(read_video(out)[0], HALFCHEETAH_STEPS)
 
 
+@pytest.mark.process
 def test_no_working_opengl_is_exit_2_naming_the_packages(cheetah, tmp_path):
     # an explicit MUJOCO_GL is the only backend tried; with no EGL driver it cannot work
     out = tmp_path / "cheetah.mp4"
@@ -134,6 +136,7 @@ def test_no_working_opengl_is_exit_2_naming_the_packages(cheetah, tmp_path):
     only(tmp_path)
 
 
+@pytest.mark.process
 def test_pendulum_video_is_drawn_without_opengl(pendulum, tmp_path):
     out = tmp_path / "pendulum.MP4"
     # no OpenGL at all: the pendulum does not need it
@@ -175,6 +178,7 @@ def test_camera_is_the_models_tracking_camera_else_a_free_one_following_the_tors
     assert cam.type == mujoco.mjtCamera.mjCAMERA_TRACKING and cam.trackbodyid == 1
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name, why", [
     ("out.avi", "does not end in .mp4"),
     ("out", "does not end in .mp4"),
@@ -190,6 +194,7 @@ def test_bad_output_path_is_exit_2_with_nothing_created(pendulum, tmp_path, name
     assert not any((tmp_path / "a_dir.mp4").iterdir())
 
 
+@pytest.mark.process
 def test_a_task_that_cannot_be_rendered_is_exit_2(pendulum, tmp_path):
     pytest.importorskip("gymnasium")
     proc = evaluate(str(pendulum), "--env-name", "gymnasium:Pendulum-v1", "--video", str(tmp_path / "v.mp4"))
@@ -198,6 +203,7 @@ def test_a_task_that_cannot_be_rendered_is_exit_2(pendulum, tmp_path):
     only(tmp_path)
 
 
+@pytest.mark.process
 def test_missing_encoder_is_exit_2_naming_the_extra(pendulum, tmp_path):
     proc = evaluate(str(pendulum), "--video", str(tmp_path / "v.mp4"), pre="import sys; sys.modules['imageio_ffmpeg'] = None")
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -205,6 +211,7 @@ def test_missing_encoder_is_exit_2_naming_the_extra(pendulum, tmp_path):
     only(tmp_path)
 
 
+@pytest.mark.process
 def test_a_failure_while_recording_is_exit_1_and_leaves_no_file(pendulum, tmp_path):
     pre = """
 import fastsac.tools.video as v

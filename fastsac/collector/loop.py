@@ -5,19 +5,22 @@ import os
 import time
 
 import numpy as np
+import torch
 
 from fastsac import shm_layout as shm
 from fastsac.algo.policy import InferencePolicy
 from fastsac.algo.policy_layout import policy_flat_numel
-from fastsac.envs.base import reset_seed
-from fastsac.envs.registry import make_env
-from fastsac.shm_layout.job_settings import check_against_job
-from fastsac.machine.learner_plan import machine_env_offset
 from fastsac.common.episodes import EpisodeTracker
+from fastsac.common.pacing import IdleBackoff
+from fastsac.common.seeds import collector_action_seed, collector_torch_seed, reset_seed
+from fastsac.common.stopping import StopSignal
 from fastsac.common.transition import TransitionBatch
-from fastsac.process.setup import fail, log
+from fastsac.envs.registry import make_env
+from fastsac.errors import FatalError
+from fastsac.machine.learner_plan import machine_env_offset
+from fastsac.process.setup import log
 from fastsac.run.torch_runtime import resolve_device
-
+from fastsac.shm_layout.job_settings import check_against_job
 
 STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
 LIVENESS_INTERVAL_S = 0.5    # how often the launcher/learner liveness is checked
@@ -90,9 +93,9 @@ class Collector:
                   f"incarnation {self.incarnation}")
 
     # ------------------------------------------------------------------ liveness
-    def _should_stop(self, stop: dict) -> str | None:
-        if stop["signal"] is not None:
-            return f"signal {stop['signal']}"
+    def _should_stop(self, stop: StopSignal) -> str | None:
+        if stop.requested:
+            return f"signal {stop.signum}"
         if self.ctl.stop_requested():
             return "stop requested by the launcher"
         return None
@@ -111,7 +114,7 @@ class Collector:
             raise CollectorError(f"the learner's heartbeat is {age:.0f}s old (heartbeat_timeout_s="
                                  f"{self.ao.heartbeat_timeout_s:g})")
 
-    def _wait_for_learner(self, stop: dict) -> int | None:
+    def _wait_for_learner(self, stop: StopSignal) -> int | None:
         """The learner's start env steps (a resumed run: the checkpoint's), once it is set up;
         None when the job stops first."""
         while self.ctl.learner["state"] == shm.ProcState.EMPTY:
@@ -119,7 +122,8 @@ class Collector:
                 return None
             if not shm.job_is_alive(self.cfg.job_name):
                 self.rec["state"] = int(shm.ProcState.FAILED)
-                fail(self.role, "the launcher of this job is gone (its lock on the control segment was released)")
+                raise FatalError("the launcher of this job is gone (its lock on the control segment was released)",
+                                 role=self.role)
             self.rec["heartbeat_ns"] = time.monotonic_ns()
             time.sleep(0.02)
         return self.ctl.learner["start_env_steps"]
@@ -147,16 +151,15 @@ class Collector:
         return False
 
     # ------------------------------------------------------------------ main loop
-    def run(self, stop: dict) -> int:
+    def run(self, stop: StopSignal) -> int:
         cfg, env, ring, n = self.cfg, self.env, self.ring, self.n
         start_env_steps = self._wait_for_learner(stop)
         if start_env_steps is None:
             self.rec["state"] = int(shm.ProcState.EXITED)
             return 0
-        import torch
-        torch.manual_seed(cfg.seed + self.cid + self.node_rank * shm.MAX_COLLECTORS)
-        self.rng = np.random.default_rng([cfg.seed + self.cid, self.incarnation, start_env_steps]
-                                         + ([self.node_rank] if self.node_rank else []))
+        torch.manual_seed(collector_torch_seed(cfg.seed, self.cid, self.node_rank, shm.MAX_COLLECTORS))
+        self.rng = np.random.default_rng(collector_action_seed(cfg.seed, self.cid, self.incarnation, start_env_steps,
+                                                               self.node_rank))
         # Distinct env streams per incarnation and per resume: neither replays the same episodes.
         obs, critic_obs = env.reset(reset_seed(cfg.seed, self.incarnation - 1, start_env_steps))
         # The policy acts once weights arrived and learning_starts batches were collected, by this
@@ -165,7 +168,7 @@ class Collector:
         episodes, timer = EpisodeTracker(n), StageTimer()
         steps = 0
         last_stats = last_liveness = time.monotonic()
-        backoff = 0.0
+        backoff = IdleBackoff()
         self.rec["state"] = int(shm.ProcState.RUNNING)
         while True:
             reason = self._should_stop(stop)
@@ -180,16 +183,15 @@ class Collector:
                     self._check_peers()
                 except CollectorError as exc:
                     self.rec["state"] = int(shm.ProcState.FAILED)
-                    fail(self.role, str(exc))
+                    raise FatalError(str(exc), role=self.role) from None
             t0 = time.perf_counter_ns()
             slot = ring.next_free_slot()
             if slot is None:  # full ring: back off, do not step the env, drop nothing
-                backoff = min(max(backoff * 2, 50e-6), 2e-3)
-                time.sleep(backoff)
+                backoff.wait()
                 timer.add("wait", t0)
                 self.rec["heartbeat_ns"] = time.monotonic_ns()
                 continue
-            backoff = 0.0
+            backoff.reset()
             if steps % self.ao.weight_poll_interval == 0:
                 if self._poll_weights():
                     learned_batches = self.ctl.learner["env_steps"] // cfg.env.num_envs
@@ -230,8 +232,9 @@ class Collector:
         if bad.any():
             ids = (np.flatnonzero(bad) + self.env_first).tolist()
             self.rec["state"] = int(shm.ProcState.FAILED)
-            fail(self.role, f"env {self.cfg.env.name!r} produced NaN/inf (observation or reward) in global env ids "
-                            f"{ids[:20]}{' ...' if len(ids) > 20 else ''}; that transition was not pushed")
+            raise FatalError(f"env {self.cfg.env.name!r} produced NaN/inf (observation or reward) in global env ids "
+                             f"{ids[:20]}{' ...' if len(ids) > 20 else ''}; that transition was not pushed",
+                             role=self.role)
 
     def close(self) -> None:
         for seg in (self.ring, self.snapshot):

@@ -22,12 +22,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fastsac.common.cli import UsageParser
 from fastsac.process import setup as process_setup
+
 ROLE = "collector"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = UsageParser(
         prog="python -m fastsac.collector_main",
         description="Run one fastsac collector against a running job (the launcher must have created the "
                     "job; attach by job_name from the config and --collector-id).",
@@ -40,16 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return process_setup.run_role(ROLE, _run, argv)
+
+
+def _run(argv: list[str] | None) -> int:
     ctx = process_setup.start(ROLE, build_parser(), argv)
     role = f"collector {ctx.args.collector_id}"
+    # after start() bound this process: numpy, torch and the envs allocate on its node
+    from fastsac.run.numa_check import run_collector_check
     if ctx.args.check_numa:
-        from fastsac.process.numa_check import run_collector_check
         return run_collector_check(ctx)
-    from fastsac.run.torch_runtime import configure_torch
-    configure_torch(process_setup.torch_threads(ctx))
+    # (the NUMA check runs without torch: it has to be quick in the emulated guest)
     from fastsac.collector.loop import Collector
     from fastsac.config import ConfigError
+    from fastsac.run.torch_runtime import configure_torch
     from fastsac.shm_layout import ShmLayoutError
+    configure_torch(process_setup.torch_threads(ctx))
     return process_setup.build_and_run(role, lambda: Collector(ctx, role), (ConfigError,), (ShmLayoutError,))
 
 

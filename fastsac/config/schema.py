@@ -28,9 +28,8 @@ from typing import Any, Literal
 
 import yaml
 
-from fastsac.errors import ConfigError  # its own module: fastsac.envs.registry raises it too
 from fastsac.config.strict_yaml import YamlInputError, strict_yaml_load
-
+from fastsac.errors import ConfigError  # its own module: fastsac.envs.registry raises it too
 
 # Every integer ends up in an int64 somewhere (numpy/torch shapes, shared-memory counters): a
 # bigger one would overflow there, far from the key that caused it.
@@ -363,7 +362,8 @@ def _check_cross_fields(cfg: Config) -> None:
                               f"valid ids are 0..{ao.num_collectors - 1}")
     _check_eval(cfg)
     _check_distributed(cfg)
-    from fastsac.envs.registry import check_env_name  # torch-free
+    # numpy-free at import: fastsac.envs loads numpy, and a config is read before a process binds itself
+    from fastsac.envs.registry import check_env_name
     check_env_name(cfg.env.name)
 
 
@@ -521,7 +521,7 @@ def config_to_yaml(cfg: Config) -> str:
 
 
 def config_keys_markdown() -> str:
-    """The table of every config key (docs/design.md embeds it; a test keeps them equal)."""
+    """The table of every config key (docs/configuration.md embeds it; a test keeps them equal)."""
     rows = ["| key | type | default | valid | meaning |", "|---|---|---|---|---|"]
 
     def walk(cls, prefix):

@@ -16,19 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def reset_seed(seed: int, restart: int = 0, start_env_steps: int = 0) -> int:
-    """The seed a shard's envs are reset with; each env derives its stream from (it, global env id).
-
-    A fresh start uses the job's seed. A restarted collector (restart > 0) or a resumed run
-    (start_env_steps > 0: the checkpoint's env steps) must not replay the episodes it already
-    played, yet stay reproducible: the seed is derived from all three. The one place that
-    decides it, for the collectors and the synchronous trainer alike.
-    """
-    if restart == 0 and start_env_steps == 0:
-        return seed
-    return int(np.random.SeedSequence([seed, restart, start_env_steps]).generate_state(1, np.uint32)[0])
-
-
 @dataclass
 class StepResult:
     obs: np.ndarray               # [N, obs_dim] float32, observation to act on next (reset obs where done)
@@ -72,12 +59,3 @@ class VecEnv:
         """How the envs are stepped, for the start-up log line (e.g. "mujoco.batch on 2 threads");
         "" when there is nothing to say."""
         return ""
-
-
-def env_seed_sequence(seed: int, first_env_id: int, num_envs: int) -> list[np.random.SeedSequence]:
-    """One independent SeedSequence per *global* env id.
-
-    Keyed by (seed, global env id), so collector shards of one job never share a stream
-    and a shard's streams do not depend on how many collectors split the envs.
-    """
-    return [np.random.SeedSequence([seed, first_env_id + i]) for i in range(num_envs)]

@@ -36,8 +36,9 @@ import os
 
 import numpy as np
 
-from fastsac.config import ConfigError
+from fastsac.common.seeds import envpool_env_seeds
 from fastsac.envs.base import StepResult, VecEnv
+from fastsac.errors import ConfigError
 
 EXTRA_HINT = "pip install 'fastsac[envpool]'"
 PRIVILEGED_KEY = "privileged_state"   # MuJoCo Playground's critic-only state
@@ -62,13 +63,6 @@ def _check_task_id(envpool, task_id: str) -> None:
     raise ConfigError(f"env.name 'envpool:{task_id}': not an EnvPool task id{hint} "
                       f"(envpool {getattr(envpool, '__version__', '?')} has {len(ids)}: python -c "
                       "\"import envpool; print(envpool.list_all_envs())\")")
-
-
-def env_seeds(seed: int, first_env_id: int, num_envs: int) -> np.ndarray:
-    """EnvPool's per-env seeds (int32) of the global env ids [first_env_id, first_env_id + num_envs)."""
-    base = int(np.random.SeedSequence(seed).generate_state(1, np.uint32)[0])
-    ids = np.arange(first_env_id, first_env_id + num_envs, dtype=np.uint64)
-    return ((base + ids) % 2**32).astype(np.uint32).view(np.int32)
 
 
 def thread_affinity_offset(num_threads: int, mode: str = "process", cpus=None, machine_cpus: int | None = None) -> int:
@@ -114,7 +108,7 @@ class EnvPoolVecEnv(VecEnv):
         self.num_threads = max(1, min(int(num_threads), num_envs))
         self._affinity_offset = thread_affinity_offset(self.num_threads, affinity)
 
-        import gymnasium
+        import gymnasium  # an optional extra: only EnvPool tasks need it
         act = spec.action_space
         if not isinstance(act, gymnasium.spaces.Box):
             raise ConfigError(f"{where} has action space {act}; fastsac (SAC) needs a continuous Box action space")
@@ -167,7 +161,7 @@ class EnvPoolVecEnv(VecEnv):
         """Build the pool with the per-env seeds of `seed` (EnvPool fixes seeds at construction)
         and reset every env."""
         self.close()
-        seeds = env_seeds(seed, self._first_env_id, self.num_envs)
+        seeds = envpool_env_seeds(seed, self._first_env_id, self.num_envs)
         self._pool = self._envpool.make_gymnasium(self.task_id, seed=seeds.tolist(), **self._pool_kwargs)
         o, _ = self._pool.reset()
         return self._split(o, self.num_envs)

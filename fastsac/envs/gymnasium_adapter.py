@@ -12,7 +12,7 @@ next-step mode would hand the learner a reset transition with a fake action inst
   spaces that flatten to a Box (Dict, Tuple, Discrete...) get Gymnasium's
   FlattenObservation.
 * Per-env seeds: env i of the shard (global id first_env_id + i) is reset with an
-  integer seed drawn from fastsac.envs.base.env_seed_sequence, i.e. keyed by
+  integer seed drawn from fastsac.common.seeds.env_seed_sequence, i.e. keyed by
   (seed, global env id); later episodes continue that env's own generator.
 * Time limit: max_episode_steps, else the id's registered limit, else 1000.
 * Gymnasium steps its envs one after another in Python: `num_threads` is accepted
@@ -27,8 +27,9 @@ import importlib.util
 
 import numpy as np
 
+from fastsac.common.seeds import env_seed_sequence
+from fastsac.envs.base import StepResult, VecEnv
 from fastsac.errors import ConfigError
-from fastsac.envs.base import StepResult, VecEnv, env_seed_sequence
 
 DEFAULT_MAX_EPISODE_STEPS = 1000
 
@@ -70,8 +71,8 @@ def _quiet_if_mujoco(spec):
     append it to MUJOCO_LOG.TXT in the cwd); silence it while building MuJoCo envs."""
     entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
     if "mujoco" in entry and importlib.util.find_spec("mujoco") is not None:
+        # the optional mujoco extra (mujoco_base imports it too): only MuJoCo-backed ids need it
         import mujoco
-
         from fastsac.envs.mujoco_base import quiet_mujoco_compile
         with quiet_mujoco_compile(mujoco):
             yield
@@ -85,6 +86,7 @@ class GymnasiumVecEnv(VecEnv):
     def __init__(self, num_envs: int, seed: int, first_env_id: int = 0,
                  max_episode_steps: int = 0, num_threads: int = 1, env_id: str = ""):
         gym = _require_gymnasium(env_id)
+        # the optional extra (fastsac[mujoco], or gymnasium alone)
         from gymnasium.vector import AutoresetMode, SyncVectorEnv
         from gymnasium.wrappers import FlattenObservation
 

@@ -32,9 +32,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastsac.errors import ConfigError
-from fastsac.envs.base import StepResult, VecEnv, env_seed_sequence
+from fastsac.common.seeds import env_seed_sequence
+from fastsac.envs.base import StepResult, VecEnv
 from fastsac.envs.mujoco_physics import BatchPhysics, LoopPhysics, mujoco_batch_module
+from fastsac.errors import ConfigError
 
 PHYSICS_BACKENDS = ("auto", "loop", "batch")
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastsac.envs.base import StepResult, VecEnv, env_seed_sequence
+from fastsac.common.seeds import env_seed_sequence
+from fastsac.envs.base import StepResult, VecEnv
 
 MAX_SPEED = 8.0
 MAX_TORQUE = 2.0

@@ -1,4 +1,4 @@
-"""The evaluator of an async job (eval.interval > 0): deterministic episodes of the newest
+"""The evaluator loop of an async job (eval.interval > 0): deterministic episodes of the newest
 weights the learner sent it, on envs that are not training envs, off the learner's time.
 
     python -m fastsac.evaluator_main --config JOB.yaml [key=value ...]
@@ -18,37 +18,28 @@ evaluation while the job goes on. A restarted evaluator re-attaches both segment
 """
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 
+import numpy as np
+
+from fastsac import shm_layout as shm
+from fastsac.algo.policy import InferencePolicy
+from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.common.eval_result import line, summarize
+from fastsac.common.seeds import resolve_eval_seed
+from fastsac.common.stopping import StopSignal
 from fastsac.process import setup as process_setup
-ROLE = "evaluator"
+from fastsac.run.eval_episodes import make_eval_env, run_eval_episodes
+from fastsac.shm_layout.eval_channel import snapshot_numel, unpack_tag
+from fastsac.shm_layout.job_settings import check_against_job
+
 POLL_S = 0.05               # snapshot poll while idle (an evaluation is due every eval.interval iterations)
 LIVENESS_INTERVAL_S = 0.5   # how often the launcher's liveness is checked
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m fastsac.evaluator_main",
-        description="Run the evaluator of a running fastsac job (started by fastsac-launch when eval.interval > 0).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    process_setup.add_common_args(p)
-    return p
-
-
 class Evaluator:
-    def __init__(self, ctx):
-        # imported here, not at the top: process_setup.start binds this process before torch is loaded
-        import numpy as np
-
-        from fastsac import shm_layout as shm
-        from fastsac.algo.policy import InferencePolicy
-        from fastsac.algo.policy_layout import policy_flat_numel
-        from fastsac.common.seeds import resolve_eval_seed
-        from fastsac.run.eval_episodes import make_eval_env
-        from fastsac.shm_layout.eval_channel import snapshot_numel
-        from fastsac.shm_layout.job_settings import check_against_job
+    def __init__(self, ctx, role: str):
+        self.role = role
         self.shm, self.cfg = shm, ctx.cfg
         cfg = self.cfg
         self.ctl = shm.ControlBlock.attach(cfg.job_name, role="observer")
@@ -75,11 +66,11 @@ class Evaluator:
         self.channel.update(incarnation=self.incarnation, state=int(shm.ProcState.RUNNING), started_ns=now,
                             heartbeat_ns=now, busy_env_steps=0)
         self.exit_code, self.last_liveness = 0, 0.0
-        process_setup.log(ROLE, f"{cfg.env.name}: {cfg.eval.episodes} episode(s) on {env.num_envs} env(s) per "
+        process_setup.log(self.role, f"{cfg.env.name}: {cfg.eval.episodes} episode(s) on {env.num_envs} env(s) per "
                                 f"evaluation, seed {self.seed}, incarnation {self.incarnation}; waiting for weights")
 
-    def stop_reason(self, stop: dict) -> str | None:
-        if stop["signal"] is not None or self.ctl.stop_requested():
+    def stop_reason(self, stop: StopSignal) -> str | None:
+        if stop.requested or self.ctl.stop_requested():
             return "stop requested"
         now = time.monotonic()
         if now - self.last_liveness >= LIVENESS_INTERVAL_S:
@@ -89,10 +80,7 @@ class Evaluator:
                 return "the launcher of this job is gone"
         return None
 
-    def run(self, stop: dict) -> int:
-        from fastsac.common.eval_result import line, summarize
-        from fastsac.run.eval_episodes import run_eval_episodes
-        from fastsac.shm_layout.eval_channel import unpack_tag
+    def run(self, stop: StopSignal) -> int:
         ch = self.channel
 
         def keep_going() -> bool:
@@ -125,8 +113,8 @@ class Evaluator:
             ch.write_result(result)
             ch.update(evaluations=ch.status()["evaluations"] + 1)
             self.done_env_steps = env_steps
-            process_setup.log(ROLE, line(result))
-        process_setup.log(ROLE, f"{reason}: exiting")
+            process_setup.log(self.role, line(result))
+        process_setup.log(self.role, f"{reason}: exiting")
         ch.update(state=int(self.shm.ProcState.EXITED if self.exit_code == 0 else self.shm.ProcState.FAILED))
         return self.exit_code
 
@@ -134,19 +122,3 @@ class Evaluator:
         for part in (self.snapshot, self.channel, self.env, self.ctl):
             if part is not None:
                 part.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    ctx = process_setup.start(ROLE, build_parser(), argv)
-    if ctx.args.check_numa:
-        process_setup.fail(ROLE, "--check-numa checks the learner and the collectors; the evaluator has no "
-                                 "segment placement of its own to check", 2)
-    from fastsac.run.torch_runtime import configure_torch
-    configure_torch(process_setup.torch_threads(ctx))
-    from fastsac.config import ConfigError
-    from fastsac.shm_layout import ShmLayoutError
-    return process_setup.build_and_run(ROLE, lambda: Evaluator(ctx), (ConfigError,), (ShmLayoutError,))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,25 +11,42 @@ checkpoint), 1 runtime failure, 2 invalid config or usage.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
-from fastsac.config import Config, ConfigError, load_config
+from fastsac import shm_layout as shm
+from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
+from fastsac.config import Config, ConfigError, config_to_yaml, load_config
+from fastsac.envs.registry import env_spec
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fastsac.launch import preflight
+from fastsac.launch.status import main as status_main
+from fastsac.launch.supervisor import Supervisor, run_numa_check
+from fastsac.machine.plan import format_plan, plan_job, plan_to_json
+from fastsac.machine.topology import discover_topology
+from fastsac.run.checkpoint import CheckpointError, check_fresh_run_dir  # torch-free
+from fastsac.shm_layout import job_is_alive
+from fastsac.shm_layout.job_settings import job_settings
 
+LAUNCH_HELP = f"""keys most runs set (as key=value after the config, or in it):
+  run_dir=runs/NAME             where logs, TensorBoard files and checkpoints go
+  resume=auto | resume=PATH     continue from the newest checkpoint in run_dir, or from a file
+  seed=N                        the job's seed (every other seed derives from it)
+  device=auto | cpu | cuda:N    the learner's device
+  env.num_envs=N                parallel envs in all (split across collectors)
+  trainer.num_iterations=N      run length in env-step batches
+every key: docs/configuration.md (or fastsac-launch CONFIG --print-config for the resolved values)
 
-class UsageArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's default is exit 2 too; keep our prefix
-        self.print_usage(sys.stderr)
-        print(f"fastsac-launch: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+{EXIT_CODES_HELP}"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = UsageArgumentParser(
+    p = UsageParser(
         prog="fastsac-launch",
         description="Train FastSAC from a YAML job config. Overrides: dotted key=value pairs, "
-                    "e.g. trainer.num_iterations=200 seed=3.")
+                    "e.g. trainer.num_iterations=200 seed=3.",
+        epilog=LAUNCH_HELP)
     p.add_argument("config", nargs="?", help="job config YAML (see configs/)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -50,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool) -> None:
+def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool, trains: bool = True) -> None:
     """Every check that can run before a process is spawned or a file is created; ConfigError = exit 2.
 
     A launch, `--plan` and `--check-numa` all pass through here, so a plan that prints is a job that
@@ -58,13 +75,13 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool) -> None:
     topology decides (nodes, CPUs per collector, the collector maximum); these need the machine
     as it is now. New pre-spawn checks belong in this function.
     """
-    from fastsac.launch import preflight
     preflight.check_run_dir(cfg)
     preflight.check_resume(cfg)
-    from fastsac.run.checkpoint import check_fresh_run_dir  # torch-free
-    from fastsac.shm_layout import job_is_alive
-    if not job_is_alive(cfg.job_name):   # a second launch of a running job is told exactly that, later
-        check_fresh_run_dir(cfg.run_path, cfg.resume)  # a fresh run never mixes with another run's checkpoints
+    # A fresh run never mixes with another run's checkpoints; --plan and --check-numa train
+    # nothing and write no checkpoint, so an earlier run's files are no reason to refuse them.
+    # (A second launch of a running job is told exactly that, later.)
+    if trains and not job_is_alive(cfg.job_name):
+        check_fresh_run_dir(cfg.run_path, cfg.resume)
     preflight.check_devices(cfg, [p.device for p in plan.learners] if plan is not None else ())
     preflight.check_master_port(cfg)
     preflight.check_memory(cfg, spec)
@@ -81,17 +98,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("no config file given; usage: fastsac-launch CONFIG.yaml [key=value ...]")
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
-            from fastsac.config import config_to_yaml
-            print(config_to_yaml(cfg), end="")
-            return EXIT_OK
-        from fastsac.envs.registry import env_spec
+            return print_config(cfg)
         spec = env_spec(cfg.env.name, cfg.env.max_episode_steps)  # unknown gymnasium id / missing extra -> exit 2
         plan = None
         if cfg.trainer.asynchronous or args.plan or args.check_numa:
-            from fastsac.machine.plan import plan_job
-            from fastsac.machine.topology import discover_topology
             plan = plan_job(cfg, discover_topology(), os.path.abspath(args.config), args.overrides)
-        check_before_spawn(cfg, plan, spec, uses_segments=cfg.trainer.asynchronous or args.check_numa)
+        check_before_spawn(cfg, plan, spec, uses_segments=cfg.trainer.asynchronous or args.check_numa,
+                           trains=not (args.plan or args.check_numa))
         if args.plan:
             return print_plan(plan, args.json)
     except ConfigError as exc:
@@ -104,12 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     return run_async(cfg, plan)
 
 
+@quiet_broken_pipe     # the read-only outputs may go into `| head`
+def print_config(cfg: Config) -> int:
+    print(config_to_yaml(cfg), end="")
+    return EXIT_OK
+
+
+@quiet_broken_pipe
 def job_tool(args) -> int:
     """--status / --cleanup: act on a job by name; no config needed."""
     if args.status:
-        from fastsac.launch.status import main as status_main
         return status_main(args.status, args.watch)
-    from fastsac import shm_layout as shm
     try:
         removed = shm.unlink_job_segments(args.cleanup, force=args.force)
     except shm.ShmLayoutError as exc:
@@ -122,10 +140,9 @@ def job_tool(args) -> int:
     return EXIT_OK
 
 
+@quiet_broken_pipe
 def print_plan(plan, as_json: bool) -> int:
-    from fastsac.machine.plan import format_plan, plan_to_json
     if as_json:
-        import json
         print(json.dumps(plan_to_json(plan), indent=2))
     else:
         print(format_plan(plan))
@@ -133,9 +150,6 @@ def print_plan(plan, as_json: bool) -> int:
 
 
 def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
-    from fastsac import shm_layout as shm
-    from fastsac.shm_layout.job_settings import job_settings
-    from fastsac.launch.supervisor import Supervisor
     job = cfg.job_name
     try:
         if shm.job_is_alive(job):
@@ -156,7 +170,6 @@ def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
         return EXIT_FAILURE
     try:
         if check_numa:
-            from fastsac.launch.supervisor import run_numa_check
             return run_numa_check(cfg, plan, ctl)
         return Supervisor(cfg, plan, ctl).run()
     finally:
@@ -165,7 +178,7 @@ def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
 
 
 def run_sync(cfg: Config) -> int:
-    from fastsac.run.checkpoint import CheckpointError
+    # torch: only the synchronous trainer brings it in (the launcher itself is torch-free)
     from fastsac.sync import train_sync
     try:
         return train_sync(cfg)

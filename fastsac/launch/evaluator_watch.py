@@ -12,6 +12,7 @@ with the job's (ControlBlock.unlink).
 from __future__ import annotations
 
 from fastsac import shm_layout as shm
+from fastsac.common.pacing import restart_delay
 from fastsac.errors import EXIT_USAGE
 
 
@@ -61,7 +62,7 @@ class EvaluatorWatch:
             say(f"the evaluator failed {c.restarts + 1} time(s) (max_restarts={self.ao.max_restarts}; see "
                 f"{c.log_path}): giving up on evaluation; training goes on")
             return
-        backoff = self.ao.restart_backoff_s * (2 ** c.restarts)
+        backoff = restart_delay(self.ao.restart_backoff_s, c.restarts)
         say(f"the evaluator exited with code {rc} (see {c.log_path}); restarting in {backoff:.1f}s; "
             "training goes on")
         c.restart_at = now + backoff

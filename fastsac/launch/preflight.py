@@ -19,10 +19,13 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from fastsac import shm_layout as shm
+from fastsac.algo.policy_layout import critic_widths, policy_flat_numel
 from fastsac.config import Config, ConfigError
 
 AO = "trainer.async_options"
@@ -188,7 +191,6 @@ def check_master_port(cfg: Config) -> None:
     """node_rank 0 of a learner group hosts the rendezvous at master_addr:master_port: when that
     address is this machine's, the port must be free now (else every learner would wait timeout_s
     for a rendezvous that cannot start). Another machine's address is not checked here."""
-    import socket
     d = cfg.distributed
     if d.nnodes * d.num_learners <= 1 or d.node_rank != 0:
         return
@@ -226,7 +228,6 @@ def replay_buffer_nbytes(num_envs: int, buffer_size: int, obs_dim: int, critic_o
 def network_weights_nbytes_lower_bound(obs_dim: int, critic_obs_dim: int, act_dim: int, a) -> tuple[int, int]:
     """(critic, actor) bytes the learner holds at least: the twin critics and their target copy
     (Linear weights only: no biases, gradients or optimizer moments), and the actor's flat vector."""
-    from fastsac.algo.policy_layout import critic_widths, policy_flat_numel
     widths = critic_widths(a)
     ins = [(critic_obs_dim or obs_dim) + act_dim, *widths]
     q_net = sum(i * o for i, o in zip(ins, [*widths, a.num_atoms]))
@@ -317,8 +318,6 @@ def _job_segment_bytes(shm, job: str) -> int:
 def check_shared_memory(cfg: Config, plan, spec) -> None:
     """Every collector's ring and weight snapshot plus the control block must fit /dev/shm now:
     otherwise a collector fails on its own, after the learner and the others have started."""
-    from fastsac import shm_layout as shm
-    from fastsac.algo.policy_layout import policy_flat_numel
     ao = cfg.trainer.async_options
     cap, n = ao.ring_capacity, len(plan.collectors)
     free = shm.shm_free_bytes() + _job_segment_bytes(shm, cfg.job_name)

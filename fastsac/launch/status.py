@@ -29,9 +29,12 @@ started, finished, crashed, or it ended while being watched), 2 invalid job name
 from __future__ import annotations
 
 import os
+import pwd
 import sys
 import time
 from dataclasses import dataclass
+
+import posix_ipc
 
 from fastsac import shm_layout as shm
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
@@ -109,7 +112,6 @@ def _live_state(state: str, pid: int) -> bool:
 
 def attach(job: str) -> "shm.ControlBlock":
     """Attach as observer; JobNotRunning (with the reason) when the job cannot be read."""
-    import posix_ipc
     try:
         return shm.ControlBlock.attach(job, role="observer")
     except (posix_ipc.PermissionsError, PermissionError):
@@ -129,7 +131,6 @@ def attach(job: str) -> "shm.ControlBlock":
 
 def _owner(path: str) -> str:
     try:
-        import pwd
         return pwd.getpwuid(os.stat(path).st_uid).pw_name
     except (OSError, KeyError, ImportError):
         return ""
@@ -360,13 +361,3 @@ def main(job: str, watch: bool, interval_s: float = 2.0) -> int:
         return EXIT_OK
     finally:
         ctl.close()
-
-
-if __name__ == "__main__":
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m fastsac.launch.status", description=__doc__.split("\n")[0])
-    p.add_argument("job")
-    p.add_argument("--watch", action="store_true")
-    p.add_argument("--interval", type=float, default=2.0)
-    a = p.parse_args()
-    sys.exit(main(a.job, a.watch, a.interval))

@@ -9,7 +9,10 @@ job's segments at the end.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,10 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastsac import shm_layout as shm
+from fastsac.common.pacing import restart_delay
+from fastsac.common.stopping import StopSignal
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.launch.evaluator_watch import EvaluatorWatch
-from fastsac.process.setup import ALLOWED_CPUS_ENV
+from fastsac.machine.learner_plan import describe_learner
+from fastsac.machine.plan import plan_to_json
 from fastsac.machine.topology import format_cpulist
+from fastsac.process.setup import ALLOWED_CPUS_ENV
+from fastsac.run.numa_check import read_report, report_dir, report_path
 
 POLL_S = 0.1
 KILL_GRACE_S = 5.0   # between the escalation's SIGTERM and SIGKILL
@@ -63,7 +71,7 @@ class Supervisor:
         self.eval_children = [Child("evaluator", plan.evaluator, self.log_dir / "evaluator.log")] \
             if plan.evaluator else []
         self.evaluator = EvaluatorWatch(self, self.eval_children[0], say) if self.eval_children else None
-        self.signals: list[int] = []
+        self.stop_signal = StopSignal()
         self.stop_deadline: float | None = None
         self.escalated_at: float | None = None
         self._tail_pos: dict[Path, int] = {}
@@ -99,9 +107,6 @@ class Supervisor:
                 pass
 
     # ------------------------------------------------------------------ stop handling
-    def on_signal(self, signum, frame) -> None:
-        self.signals.append(signum)
-
     def request_stop(self, reason: str, code: "shm.StopReason") -> None:
         if self.stop_deadline is None:
             say(f"stopping the job: {reason}")
@@ -133,8 +138,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self.on_signal)
+        self.stop_signal.install((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
         for child in self.learners:
             with open(child.log_path, "ab") as f:
                 self._tail_pos[child.log_path] = f.tell()
@@ -169,8 +173,7 @@ class Supervisor:
         while True:
             time.sleep(POLL_S)
             self.tail_learner_log()
-            while self.signals:
-                sig = self.signals.pop(0)
+            for sig in self.stop_signal.take():
                 if self.stop_deadline is None:
                     self.request_stop(f"received {signal.Signals(sig).name}; waiting for the final checkpoint",
                                       shm.StopReason.INTERRUPTED)
@@ -220,7 +223,6 @@ class Supervisor:
         hung = f"; killed as hung: no heartbeat for over heartbeat_timeout_s=" \
                f"{self.ao.heartbeat_timeout_s:g}s" if lc.hung_killed else ""
         if self.plan.world_size > 1:
-            from fastsac.machine.learner_plan import describe_learner
             who = describe_learner(lc.plan.global_rank, lc.plan.device, lc.plan.node_rank)
             message = f"{who} failed: exit code {rc}{hung}; see {lc.log_path}"
         else:
@@ -302,7 +304,7 @@ class Supervisor:
             c.history.append("failed")
             return
         self.ctl.supervisor(c.plan.collector_id)["state"] = int(shm.SupervisorState.RESTARTING)
-        backoff = self.ao.restart_backoff_s * (2 ** c.restarts)
+        backoff = restart_delay(self.ao.restart_backoff_s, c.restarts)
         say(f"{c.name} exited with code {rc} (see {c.log_path}); restarting in {backoff:.1f}s")
         c.history.append("restarting")
         c.restart_at = now + backoff
@@ -313,14 +315,10 @@ def run_numa_check(cfg, plan, ctl: "shm.ControlBlock", timeout_s: float = 600.0)
 
     Prints one JSON document {"plan": ..., "reports": [...], "failed": [...]} on stdout; exit 0
     when every process ran and reported (each one refuses to run on a binding that differs from
-    the plan). Reports come from this check's own report directory (fastsac.process.numa_check), one per
+    the plan). Reports come from this check's own report directory (fastsac.run.numa_check), one per
     process started here, never from the logs, which earlier launches have appended to.
     """
-    import json
-    import shutil
 
-    from fastsac.process.numa_check import read_report, report_dir, report_path
-    from fastsac.machine.plan import plan_to_json
     sup = Supervisor(cfg, plan, ctl)
     reports_at = report_dir(cfg.run_path, ctl.incarnation)
     reports_at.mkdir()   # new: the incarnation is this launch's own random 64-bit number
@@ -359,5 +357,4 @@ def run_numa_check(cfg, plan, ctl: "shm.ControlBlock", timeout_s: float = 600.0)
 
 
 def _with_extra_arg(process_plan, arg: str):
-    import dataclasses
     return dataclasses.replace(process_plan, argv=(*process_plan.argv, arg))

@@ -14,6 +14,8 @@ import time
 import numpy as np
 
 from fastsac import shm_layout as shm
+
+
 class FeedFault(Exception):
     """A collector's segments hold something no correct collector writes."""
 

@@ -22,50 +22,22 @@ learner's heartbeat fresh; collectives are bounded by distributed.timeout_s, so 
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import threading
 import time
 import zlib
 
 import torch
 
 from fastsac import shm_layout as shm
+from fastsac.common.pacing import BackgroundBeat, beat_period
+from fastsac.common.seeds import learner_torch_seed
+from fastsac.common.stopping import StopSignal
 from fastsac.learner.distributed import DistributedError, LearnerGroup
 from fastsac.learner.loop import ATTACH_RETRY_S, Learner
 from fastsac.learner.telemetry import LearnerTelemetry
 from fastsac.process.setup import log
 
 ROLE = "learner"
-
-
-class BlockedBeat:
-    """Beats a heartbeat record from a helper thread while the main thread waits in a collective."""
-
-    def __init__(self, record, period_s: float):
-        self.record, self.period_s = record, period_s
-        self.blocked = False
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeat-in-collective", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.done.wait(self.period_s):
-            if self.blocked:
-                self.record["heartbeat_ns"] = time.monotonic_ns()
-
-    @contextlib.contextmanager
-    def __call__(self):
-        self.record["heartbeat_ns"] = time.monotonic_ns()
-        self.blocked = True
-        try:
-            yield
-        finally:
-            self.blocked = False
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join()
 
 
 class GroupTelemetry(LearnerTelemetry):
@@ -122,7 +94,7 @@ class GroupLearner(Learner):
         self.job: dict = {}
         self.global_ready = False
         self.group_stop: str | None = None
-        self._stop = {"signal": None}
+        self._stop = StopSignal()     # replaced by the process's own in run()
         self._produced: dict[int, tuple[int, int]] = {}   # per own collector: (incarnation, env_steps) seen
         self._produced_total = 0
         self._last_stats: dict[int, dict] = {}
@@ -138,8 +110,8 @@ class GroupLearner(Learner):
             "budget": cfg.trainer.num_iterations * cfg.env.num_envs if first else 0})
         self.batch_envs, self._budget = int(sums["envs"]), int(sums["budget"])
         # every rank samples its own replay rows: their streams need not (and should not) be equal
-        torch.manual_seed(cfg.seed + self.group.rank)
-        self.beat_blocked = BlockedBeat(self.ctl.learner, max(min(self.ao.heartbeat_timeout_s / 4, 1.0), 0.05))
+        torch.manual_seed(learner_torch_seed(cfg.seed, self.group.rank))
+        self.beat_blocked = BackgroundBeat(self.ctl.learner, beat_period(self.ao.heartbeat_timeout_s))
         log(ROLE, f"learner rank {self.group.rank} of {self.group.world_size}: {len(self.plan.collectors)} "
                   f"collector(s) on this machine, {self.buffer.num_envs} env rows here; "
                   f"job: {self.batch_envs} envs per env-step batch, {self._budget:,} env steps")
@@ -158,7 +130,7 @@ class GroupLearner(Learner):
                               self.total_env_steps)
 
     # ------------------------------------------------------------------ lockstep
-    def stop_reason(self, stop: dict) -> str | None:
+    def stop_reason(self, stop: StopSignal) -> str | None:
         """The group's decision of the last exchange (a local reason only counts once exchanged)."""
         return self.group_stop
 
@@ -205,7 +177,7 @@ class GroupLearner(Learner):
         sums = {"transitions": transitions, "produced": produced, "episodes": episodes, "return_sum": ret,
                 "length_sum": length, **{f"learn_s_r{r}": learn if r == rank else 0.0 for r in range(world)}}
         maxes = {"stop": 1.0 if local else 0.0, "not_ready": 0.0 if self.buffer.ready() else 1.0}
-        with self.beat_blocked():
+        with self.beat_blocked.covering():
             self.group.sync_normalizers(self.agent)
             sums, maxes = self.group.exchange(sums, maxes)
         self.job = sums
@@ -214,7 +186,7 @@ class GroupLearner(Learner):
             self.group_stop = local or "another learner of the group stopped (a stop on its machine)"
         return int(sums["transitions"])
 
-    def wait_for_collectors(self, stop: dict) -> str | None:
+    def wait_for_collectors(self, stop: StopSignal) -> str | None:
         """Rounds until every learner's collectors attached once; a round ends in one exchange."""
         self._stop = stop
         start = last_report = time.monotonic()
@@ -222,7 +194,7 @@ class GroupLearner(Learner):
             local = self._local_stop()
             missing, now, last_report = self.attach_round(start, last_report)
             late = bool(missing) and now - start > self.ao.collector_wait_s
-            with self.beat_blocked():
+            with self.beat_blocked.covering():
                 sums, maxes = self.group.exchange({"missing": len(missing)},
                                                   {"stop": 1.0 if local else 0.0, "late": 1.0 if late else 0.0})
             if maxes["late"]:
@@ -241,7 +213,7 @@ class GroupLearner(Learner):
         return None
 
     # ------------------------------------------------------------------ run, finish, failure
-    def run(self, stop: dict) -> int:
+    def run(self, stop: StopSignal) -> int:
         self._stop = stop
         try:
             return super().run(stop)

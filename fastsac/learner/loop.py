@@ -6,66 +6,38 @@ a faulty one is dropped without taking the job down (fastsac.learner.feed).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import threading
 import time
 
 import torch
 
-from fastsac.run import state as run_state
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.common.pacing import IdleBackoff, beating_while
+from fastsac.common.seeds import learner_torch_seed
+from fastsac.common.stopping import StopSignal
 from fastsac.envs.registry import EnvSpec, make_env
-from fastsac.shm_layout.job_settings import check_against_job
 from fastsac.learner.eval_link import LearnerEval
 from fastsac.learner.feed import CollectorFeed, FeedFault
 from fastsac.learner.staging import IngestStaging
 from fastsac.learner.telemetry import LearnerTelemetry
 from fastsac.process.setup import log
+from fastsac.run import state as run_state
 from fastsac.run.torch_runtime import resolve_device
+from fastsac.shm_layout.job_settings import check_against_job
 
 ROLE = "learner"
 ATTACH_RETRY_S = 0.2     # how often missing rings/snapshots are looked for (collectors create them)
 STATUS_INTERVAL_S = 0.5  # the control block's status records (fastsac-launch --status) refresh cadence
 WAIT_REPORT_S = 10.0     # how often the console repeats which collectors the job still waits for
-# Nothing to ingest and nothing to update: back off 50 us doubling to 2 ms. Spinning (or a fixed
-# short sleep) costs a Python loop iteration each time: measured ~50% of a core, taken from the
-# collectors when they share CPUs with the learner. 2 ms is far below a slot's production time.
-IDLE_SLEEP_MIN_S, IDLE_SLEEP_MAX_S = 50e-6, 2e-3
-
-
-@contextlib.contextmanager
-def heartbeat_while(record, timeout_s: float):
-    """Keep record["heartbeat_ns"] fresh from a helper thread while the body runs.
-
-    For work that is slow but not hung: a periodic checkpoint of large networks on a slow disk
-    can take longer than heartbeat_timeout_s, and the supervisor would otherwise kill the learner
-    mid-save. The field keeps its one writer (this process); the main thread does not beat
-    while the body runs.
-    """
-    done = threading.Event()
-
-    def beat() -> None:
-        while True:
-            record["heartbeat_ns"] = time.monotonic_ns()
-            if done.wait(max(timeout_s / 4, 0.05)):
-                return
-
-    beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
-    beater.start()
-    try:
-        yield
-    finally:
-        done.set()
-        beater.join()
 
 
 class Learner:
     def __init__(self, ctx):
         cfg = self.cfg = ctx.cfg
         self.ao = cfg.trainer.async_options
+        self.idle_backoff = IdleBackoff()
         self.plan, self.me = ctx.plan, ctx.me
         # This learner's collectors: it drains their rings, writes their ingest records and holds
         # only their env rows (all collectors with one learner).
@@ -80,7 +52,7 @@ class Learner:
         low, high = probe.action_low, probe.action_high
         probe.close()
         self.device = resolve_device(ctx.me.device)
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(learner_torch_seed(cfg.seed))
         self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
                                                         num_envs=sum(c.env_count for c in mine))
         # A learner group (fastsac.learner.group_loop) overrides these: rank 0's agent and env steps,
@@ -197,7 +169,7 @@ class Learner:
                 log(ROLE, f"waiting for collector {f.cid} ({how})")
         return missing, now, last_report
 
-    def wait_for_collectors(self, stop: dict) -> str | None:
+    def wait_for_collectors(self, stop: StopSignal) -> str | None:
         """Hold the job until every planned collector (manual ones included) attached once.
 
         No env step counts and no update runs before: a job whose collector is started by hand
@@ -338,9 +310,9 @@ class Learner:
     def beat(self) -> None:
         self.ctl.learner["heartbeat_ns"] = time.monotonic_ns()
 
-    def stop_reason(self, stop: dict) -> str | None:
-        if stop["signal"] is not None or self.ctl.stop_requested():
-            return f"stop requested ({'signal ' + str(stop['signal']) if stop['signal'] else 'launcher'})"
+    def stop_reason(self, stop: StopSignal) -> str | None:
+        if stop.requested or self.ctl.stop_requested():
+            return f"stop requested ({'signal ' + str(stop.signum) if stop.requested else 'launcher'})"
         now = time.perf_counter()
         if now - self.last_liveness >= 0.5:
             self.last_liveness = now
@@ -349,9 +321,9 @@ class Learner:
                 return "the launcher is gone (its lock on the control segment was released)"
         return None
 
-    def run(self, stop: dict) -> int:
+    def run(self, stop: StopSignal) -> int:
         """Hold until every collector attached, then iterate until the budget or a stop; finish."""
-        self.exit_code, self.idle_sleep = 0, 0.0
+        self.exit_code = 0
         reason = self.wait_for_collectors(stop)
         self.telemetry.start(self.env_steps)
         self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
@@ -390,11 +362,11 @@ class Learner:
         self.checkpoint_if_due()
 
     def idle(self, busy: bool) -> None:
+        """Nothing ingested and nothing updated: back off instead of spinning (common.pacing)."""
         if busy:
-            self.idle_sleep = 0.0
-            return
-        self.idle_sleep = min(max(self.idle_sleep * 2, IDLE_SLEEP_MIN_S), IDLE_SLEEP_MAX_S)
-        time.sleep(self.idle_sleep)
+            self.idle_backoff.reset()
+        else:
+            self.idle_backoff.wait()
 
     def checkpoint_if_due(self) -> None:
         it = self.env_steps // self.batch_envs
@@ -403,7 +375,7 @@ class Learner:
         self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
         if not self.writes_checkpoints:
             return
-        with heartbeat_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
+        with beating_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
             try:
                 run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
             except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training

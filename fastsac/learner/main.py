@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fastsac.common.cli import UsageParser
 from fastsac.process import setup as process_setup
+
 ROLE = "learner"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = UsageParser(
         prog="python -m fastsac.learner_main",
         description="Run the fastsac learner of a job whose control segment the launcher created "
                     "(fastsac-launch starts it for you).")
@@ -33,22 +35,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return process_setup.run_role(ROLE, _run, argv)
+
+
+def _run(argv: list[str] | None) -> int:
     ctx = process_setup.start(ROLE, build_parser(), argv)
+    # after start() bound this process: numpy, torch and the envs allocate on its node
+    from fastsac.run.numa_check import run_learner_check
     if ctx.args.check_numa:
-        from fastsac.process.numa_check import run_learner_check
         return run_learner_check(ctx)
-    from fastsac.run.torch_runtime import configure_torch
-    configure_torch(process_setup.torch_threads(ctx))
-    from fastsac.run.checkpoint import CheckpointError
+    # (the NUMA check runs without torch: it has to be quick in the emulated guest)
     from fastsac.config import ConfigError
     from fastsac.machine.learner_plan import is_group
+    from fastsac.run.checkpoint import CheckpointError
+    from fastsac.run.torch_runtime import configure_torch
     from fastsac.shm_layout import ShmLayoutError
+    configure_torch(process_setup.torch_threads(ctx))
     failures: tuple = (ShmLayoutError,)
-    if is_group(ctx.cfg):   # torch.distributed is imported only by a learner group
+    if is_group(ctx.cfg):
+        # torch.distributed is imported only by a learner group
         from fastsac.learner.distributed import DistributedError
         from fastsac.learner.group_loop import GroupLearner as Learner
         failures += (DistributedError,)
     else:
+        # the single learner never loads torch.distributed
         from fastsac.learner.loop import Learner
     return process_setup.build_and_run(ROLE, lambda: Learner(ctx), (ConfigError, CheckpointError), failures)
 

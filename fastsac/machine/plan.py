@@ -5,7 +5,7 @@ launch parameters: no process is started and nothing is read from the machine (n
 location is looked up on PATH unless given). The launcher executes the plan; `--plan` prints
 it with `format_plan`; tests check it field by field.
 
-Rules (the why is in docs/design.md, "Topology and placement"):
+Rules (the why is in docs/placement.md):
   * binding   'off': no numactl, no binding, every process on all allowed CPUs (node None).
               A placement key (numa_nodes, cpus_per_collector, learner_numa_node, placement
               'colocate') with 'off' is a contradiction (ConfigError), never silently ignored.
@@ -41,9 +41,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
+from fastsac.common.seeds import collector_seed, resolve_eval_seed
+from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
 from fastsac.machine import learner_plan as lp
 from fastsac.machine.binding import thread_env
-from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
 from fastsac.machine.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
@@ -413,12 +414,13 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                     env=env_for(learner_cpu_sets[k]))
         for k, rank in enumerate(lp.ranks(cfg)))
     evaluator = None if evaluator_cpus is None else ProcessPlan(
-        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu", seed=_eval_seed(cfg),
+        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu",
+        seed=resolve_eval_seed(cfg),
         argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), env=env_for(evaluator_cpus))
     manual = set(ao.manual_collectors)
     collectors = tuple(
         CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=tuple(slices[i]), binding=method,
-                      device=ao.collector_inference_device, seed=cfg.seed + i,
+                      device=ao.collector_inference_device, seed=collector_seed(cfg.seed, i),
                       env_first=blocks[i][0], env_count=blocks[i][1], manual=i in manual, learner_index=owner[i],
                       argv=argv_for(COLLECTOR_MODULE, nodes[i], tuple(slices[i]), ["--collector-id", str(i)]),
                       env=env_for(tuple(slices[i])))
@@ -431,12 +433,6 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                    placement=placement, numactl=numactl if method == "numactl" else None,
                    config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator,
                    world_size=lp.world_size(cfg))
-
-
-def _eval_seed(cfg: Config) -> int:
-    # numpy derives it: imported only for a plan with an evaluator (binding's imports stay numpy-free)
-    from fastsac.common.seeds import resolve_eval_seed
-    return resolve_eval_seed(cfg)
 
 
 def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: list[str]) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Start-up shared by learner_main and collector_main, in the order that matters:
+"""Start-up shared by every role's process (learner, collector, evaluator), in the order that matters:
 
 1. bind (only with `--bind-node/--bind-cpus`, i.e. numa_binding: inprocess) before any heavy
    import, so thread pools and first-touched pages land on the planned node;
@@ -17,10 +17,14 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
-from fastsac.machine import binding
+from fastsac.common.stopping import StopSignal
 from fastsac.config import Config, ConfigError, load_config
-from fastsac.errors import EXIT_FAILURE, EXIT_USAGE
+from fastsac.errors import EXIT_USAGE, FatalError, exit_code_for
+from fastsac.machine import binding
+from fastsac.machine.plan import CollectorPlan, JobPlan, ProcessPlan, plan_job
+from fastsac.machine.topology import discover_topology, parse_cpulist
 
 ALLOWED_CPUS_ENV = "FASTSAC_ALLOWED_CPUS"
 
@@ -29,22 +33,26 @@ ALLOWED_CPUS_ENV = "FASTSAC_ALLOWED_CPUS"
 class ProcessContext:
     args: argparse.Namespace
     cfg: Config
-    plan: object        # fastsac.machine.plan.JobPlan
-    me: object          # its ProcessPlan / CollectorPlan
-    effective: object   # fastsac.machine.binding.EffectiveBinding
+    plan: JobPlan
+    me: ProcessPlan | CollectorPlan     # this process's entry in the plan
+    effective: binding.EffectiveBinding
 
 
 def log(role: str, message: str) -> None:
     print(f"[{role} pid {os.getpid()}] {message}", flush=True)
 
 
-def fail(role: str, message: str, code: int = EXIT_FAILURE):
-    print(f"[{role} pid {os.getpid()}] error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+def run_role(role: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """A role's entry point: main's exit code, or the exit code of the error that ended it, with
+    its message under the process's role (`[collector 0 pid 123] error: ...`)."""
+    try:
+        return main(argv)
+    except FatalError as exc:
+        print(f"[{exc.role or role} pid {os.getpid()}] error: {exc}", file=sys.stderr, flush=True)
+        return exit_code_for(exc)
 
 
 def machine_topology():
-    from fastsac.machine.topology import discover_topology, parse_cpulist
     allowed = os.environ.get(ALLOWED_CPUS_ENV)
     if allowed:
         return discover_topology(allowed_cpus=parse_cpulist(allowed))
@@ -67,67 +75,56 @@ def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) ->
     try:
         binding.bind_from_argv(argv)  # before anything heavy; no-op without --bind-node
     except binding.BindingError as exc:
-        fail(role, f"binding failed: {exc}")
+        raise FatalError(f"binding failed: {exc}", role=role) from None
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        from fastsac.machine.plan import plan_job
         plan = plan_job(cfg, machine_topology(), args.config, args.overrides)
     except ConfigError as exc:
-        fail(role, f"config error: {exc}", EXIT_USAGE)
+        raise FatalError(f"config error: {exc}", EXIT_USAGE, role) from None
     if role == "learner":
         index = getattr(args, "learner_index", 0)
         if not 0 <= index < len(plan.learners):
-            fail(role, f"--learner-index {index} is not a learner of this job; valid indices are "
-                       f"0..{len(plan.learners) - 1} (distributed.num_learners={len(plan.learners)})", EXIT_USAGE)
+            raise FatalError(f"--learner-index {index} is not a learner of this job; valid indices are "
+                             f"0..{len(plan.learners) - 1} (distributed.num_learners={len(plan.learners)})",
+                             EXIT_USAGE)
         me = plan.learners[index]
     elif role == "evaluator":
         if plan.evaluator is None:
-            fail(role, "this job has no evaluator: eval.interval is 0 (or the trainer is synchronous)", EXIT_USAGE)
+            raise FatalError("this job has no evaluator: eval.interval is 0 (or the trainer is synchronous)",
+                             EXIT_USAGE)
         me = plan.evaluator
     else:
         if not 0 <= args.collector_id < len(plan.collectors):
-            fail(role, f"--collector-id {args.collector_id} is not a collector of this job; valid ids are "
-                       f"0..{len(plan.collectors) - 1} (trainer.async_options.num_collectors="
-                       f"{len(plan.collectors)})", EXIT_USAGE)
+            raise FatalError(f"--collector-id {args.collector_id} is not a collector of this job; valid ids are "
+                             f"0..{len(plan.collectors) - 1} (trainer.async_options.num_collectors="
+                             f"{len(plan.collectors)})", EXIT_USAGE)
         me = plan.collectors[args.collector_id]
     effective = binding.read_binding()
     if me.binding != "off":
         try:
             binding.verify_binding(me.node, me.cpus, effective=effective)
         except binding.BindingError as exc:
-            fail(role, f"refusing to run: {exc}")
+            raise FatalError(f"refusing to run: {exc}", role=role) from None
     log(role, f"binding {me.binding}: {effective.describe()}")
     return ProcessContext(args=args, cfg=cfg, plan=plan, me=me, effective=effective)
-
-
-def install_stop_handlers() -> dict:
-    """SIGTERM/SIGINT only record the signal: the loops finish their step and stop in order."""
-    import signal
-    stop = {"signal": None}
-
-    def on_signal(signum, frame):
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return stop
 
 
 def build_and_run(role: str, build, usage_errors: tuple = (), failure_errors: tuple = ()) -> int:
     """Construct a process's loop, run it until it stops, always close it.
 
-    Construction errors end the process with a message: `usage_errors` (bad config, unusable
+    Construction errors end the process (FatalError): `usage_errors` (bad config, unusable
     checkpoint) with exit code 2, `failure_errors` (e.g. a segment that cannot be attached) with 1.
     SIGTERM/SIGINT handlers are installed before construction, so a stop during start-up counts.
     """
-    stop = install_stop_handlers()
+    stop = StopSignal().install()
     try:
         loop = build()
     except usage_errors as exc:
-        fail(role, f"config error: {exc}" if isinstance(exc, ConfigError) else str(exc), EXIT_USAGE)
+        raise FatalError(f"config error: {exc}" if isinstance(exc, ConfigError) else str(exc), EXIT_USAGE,
+                         role) from None
     except failure_errors as exc:
-        fail(role, str(exc))
+        raise FatalError(str(exc), role=role) from None
     try:
         return loop.run(stop)
     finally:

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastsac.config import ConfigError
 from fastsac.common.procs import pid_alive
+from fastsac.config import ConfigError
 
 FORMAT = "fastsac-checkpoint"
 # 1: no run id, save counter or checksum (refused: it cannot be verified); 2: networks of full width
@@ -75,7 +75,7 @@ def _digest_and_nonfinite(payload: dict) -> tuple[str, list[str]]:
     of dict keys, scalars and strings, and per tensor its dtype, shape and raw bytes (hashlib
     hashes ~1-2 GB/s and releases the GIL). Tensors are hashed where they lie, on the CPU.
     """
-    import torch
+    import torch  # torch-free at import: the launcher checks run dirs without it
 
     h = hashlib.sha256()
     nonfinite: list[str] = []
@@ -142,7 +142,7 @@ class CheckpointHeader:
 
 
 def _torch_load(p: Path, mmap: bool = False) -> dict:
-    import torch
+    import torch  # torch-free at import: the launcher checks run dirs without it
     try:
         # mmap: only the pickled structure is read; tensor bytes are paged in when touched
         return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
@@ -274,9 +274,9 @@ def check_fresh_run_dir(run_path: Path, resume: str) -> None:
     runs = sorted({m["run"] for m in map(_NAME_RE.match, theirs) if m})
     shown = ", ".join(theirs[-3:]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
     raise ConfigError(
-        f"run_dir: {str(run_path)!r} already holds checkpoints of another run"
-        f"{' (run ' + ', '.join(runs) + ')' if runs else ''}: {shown}; this is a fresh run (resume is ''). "
-        f"Continue that run with resume=auto, start from one of its files with resume=<path>, "
+        f"run_dir: {str(run_path)!r} already holds checkpoints of an earlier run"
+        f"{' (run id ' + ', '.join(runs) + ')' if runs else ''}: {shown}; this launch would start a fresh run "
+        f"(resume is ''). Continue that run with resume=auto, start from one of its files with resume=<path>, "
         f"or give this run a new run_dir")
 
 
@@ -342,7 +342,7 @@ class RunCheckpoints:
         """Write payload (agent, env_steps, env, config) as this run's next checkpoint.
 
         Raises CheckpointSaveError when it could not be written (the previous ones are kept)."""
-        import torch
+        import torch  # torch-free at import: the launcher checks run dirs without it
 
         directory = checkpoint_dir(self.run_path)
         env_steps = int(payload["env_steps"])

@@ -23,6 +23,7 @@ import numpy as np
 
 from fastsac.common.eval_result import summarize
 from fastsac.common.seeds import resolve_eval_seed
+from fastsac.envs.registry import make_env
 
 STEP_CALLBACK_S = 0.1   # how often on_step runs (heartbeat, stop check) during the episodes
 
@@ -36,7 +37,6 @@ def quotas(episodes: int, num_envs: int) -> list[int]:
 
 def make_eval_env(cfg, num_threads: int = 1):
     """The eval envs: the training task, min(eval.num_envs, eval.episodes) of them, eval seed."""
-    from fastsac.envs.registry import make_env
     n = len(quotas(cfg.eval.episodes, cfg.eval.num_envs))
     return make_env(cfg.env.name, n, seed=resolve_eval_seed(cfg), max_episode_steps=cfg.env.max_episode_steps,
                     num_threads=num_threads)

@@ -1,7 +1,7 @@
 """What a run reports, for both trainers: TensorBoard scalars and one console progress line per
 log window, and the final ones when the run ends, however short it was.
 
-Metric names (documented in docs/design.md) are the contract: the synchronous trainer and the
+Metric names (documented in docs/operations.md) are the contract: the synchronous trainer and the
 async learner write the same names so runs compare side by side. Every rate is measured over
 the log window from cumulative counters:
   perf/env_steps_per_s   env steps produced per second (async: by all collectors)
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from fastsac.common.episodes import EpisodeWindow
+from fastsac.common.eval_result import line, scalars
 
 
 def format_duration(seconds: float) -> str:
@@ -38,7 +39,7 @@ class MetricsLogger:
         self.console_enabled = console
         self.writer = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # heavy, and only with logging.tensorboard
             self.writer = SummaryWriter(log_dir=str(Path(run_path) / "tb"))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -120,7 +121,6 @@ class Telemetry:
     def log_eval(self, result: dict) -> None:
         """An evaluation's eval/* scalars at the env step of the weights it evaluated, and its line
         (fastsac.run.eval_episodes); the env step may lie behind the progress line's."""
-        from fastsac.common.eval_result import line, scalars
         self.metrics.scalars(result["env_steps"], scalars(result))
         self.metrics.line(line(result))
 

@@ -9,7 +9,7 @@ from fastsac.errors import ConfigError
 
 def resolve_device(name: str, key: str = "device"):
     """'auto' = cuda if available else cpu; an explicit cuda without CUDA is a config error."""
-    import torch
+    import torch  # torch-free at import: configured after the process is bound
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -26,7 +26,7 @@ def configure_torch(num_threads: int | None = None) -> None:
     quick-start nets; flushing them to zero changes no result that matters. The thread count
     is the CPUs the process owns: oversubscription halves throughput. Both are process-wide.
     """
-    import torch
+    import torch  # torch-free at import: configured after the process is bound
     torch.set_flush_denormal(True)
     if num_threads is not None:
         torch.set_num_threads(max(1, num_threads))

@@ -15,7 +15,7 @@ Segments of job J (POSIX shared memory, /dev/shm/<name without the slash>):
                        the evaluator (only with eval.interval > 0)
   /fastsac.J.eval.wts  the evaluator's weight snapshot: like a collector's (EVALUATOR_ID)
 
-Rules that make the whole thing lock-free (argued in docs/design.md, "Shared memory"):
+Rules that make the whole thing lock-free (argued in docs/shared-memory.md):
   * every shared field has exactly one writer process (stated next to each field);
   * cursors and sequence counters are aligned int64, each on its own 64-byte line;
   * data is written before the counter that publishes it, and read after the counter
@@ -36,32 +36,88 @@ Modules, each importing only those above it:
 Import the public names from the package (`from fastsac import shm_layout as shm`).
 """
 from fastsac.common.procs import boot_id, pid_alive
+from fastsac.shm_layout.cleanup import StaleSegment, find_stale_segments, format_stale_report, unlink_job_segments
+from fastsac.shm_layout.cli import main
 from fastsac.shm_layout.common import (
-    CACHE_LINE, DATA_OFFSET, HEADER_NBYTES, JOB_NAME_RE, LAYOUT_VERSION, MADV_POPULATE_WRITE, MAGIC,
-    MAX_COLLECTORS, MAX_LEARNERS, PAGE, PREFIX, SHM_DIR, UNSAFE_ENV, SegmentKind, ShmLayoutError, check_memory_order,
-    cleanup_command, ctl_name, parse_segment_name, ring_name, segment_exists, segment_name, shm_free_bytes,
-    validate_job_name, wts_name,
+    CACHE_LINE,
+    DATA_OFFSET,
+    EVALUATOR_ID,
+    HEADER_NBYTES,
+    JOB_NAME_RE,
+    LAYOUT_VERSION,
+    MADV_POPULATE_WRITE,
+    MAGIC,
+    MAX_COLLECTORS,
+    MAX_LEARNERS,
+    PAGE,
+    PREFIX,
+    SHM_DIR,
+    UNSAFE_ENV,
+    SegmentKind,
+    ShmLayoutError,
+    check_memory_order,
+    cleanup_command,
+    ctl_name,
+    eval_name,
+    parse_segment_name,
+    ring_name,
+    segment_exists,
+    segment_name,
+    shm_free_bytes,
+    validate_job_name,
+    wts_name,
 )
-from fastsac.shm_layout.common import EVALUATOR_ID, eval_name
+from fastsac.shm_layout.control import (
+    COLLECTOR_DTYPE,
+    CTL_COLLECTORS,
+    CTL_INGEST,
+    CTL_JOB,
+    CTL_LEARNER,
+    CTL_NBYTES,
+    CTL_SUPERVISOR,
+    INGEST_DTYPE,
+    JOB_DTYPE,
+    LAUNCHER_DTYPE,
+    LEARNER_DTYPE,
+    STAGES,
+    STATS_DTYPE,
+    STATS_FIELDS,
+    SUPERVISOR_DTYPE,
+    ControlBlock,
+    ProcState,
+    Record,
+    StopReason,
+    SupervisorState,
+)
+from fastsac.shm_layout.eval_channel import EvalChannel
+from fastsac.shm_layout.launch_guard import LaunchLockError, launch_lock_dir
 from fastsac.shm_layout.locks import (
-    CTL_LAUNCHER, CTL_LAUNCHER_LOCK, RING_CONSUMER_LOCK, RING_CONSUMER_PID, RING_PRODUCER_LOCK, RING_PRODUCER_PID,
-    WTS_READER_LOCK, WTS_READER_PID, WTS_WRITER_LOCK, WTS_WRITER_PID, job_is_alive,
+    CTL_LAUNCHER,
+    CTL_LAUNCHER_LOCK,
+    RING_CONSUMER_LOCK,
+    RING_CONSUMER_PID,
+    RING_PRODUCER_LOCK,
+    RING_PRODUCER_PID,
+    WTS_READER_LOCK,
+    WTS_READER_PID,
+    WTS_WRITER_LOCK,
+    WTS_WRITER_PID,
+    job_is_alive,
+)
+from fastsac.shm_layout.ring import (
+    HDR,
+    RING_READ_CURSOR,
+    RING_WRITE_CURSOR,
+    SLOT_HEADER_FIELDS,
+    SLOT_HEADER_NBYTES,
+    RingSpec,
+    SlotField,
+    SlotView,
+    TransitionRing,
+    staged_headers,
 )
 from fastsac.shm_layout.segment import HEADER_DTYPE, PARAM_NAMES, SegmentInfo
-from fastsac.shm_layout.cleanup import StaleSegment, find_stale_segments, format_stale_report, unlink_job_segments
-from fastsac.shm_layout.launch_guard import LaunchLockError, launch_lock_dir
-from fastsac.shm_layout.ring import (
-    HDR, RING_READ_CURSOR, RING_WRITE_CURSOR, SLOT_HEADER_FIELDS, SLOT_HEADER_NBYTES, RingSpec, SlotField,
-    SlotView, TransitionRing, staged_headers,
-)
 from fastsac.shm_layout.snapshot import WTS_SEQ, WeightSnapshot, _wts_info  # noqa: F401 (preflight sizes snapshots)
-from fastsac.shm_layout.eval_channel import EvalChannel
-from fastsac.shm_layout.control import (
-    COLLECTOR_DTYPE, CTL_COLLECTORS, CTL_INGEST, CTL_JOB, CTL_LEARNER, CTL_NBYTES, CTL_SUPERVISOR, INGEST_DTYPE,
-    JOB_DTYPE, LAUNCHER_DTYPE, LEARNER_DTYPE, STAGES, STATS_DTYPE, STATS_FIELDS, SUPERVISOR_DTYPE, ControlBlock,
-    ProcState, Record, StopReason, SupervisorState,
-)
-from fastsac.shm_layout.cli import main
 
 __all__ = [
     "CACHE_LINE", "COLLECTOR_DTYPE", "CTL_COLLECTORS", "CTL_INGEST", "CTL_JOB", "CTL_LAUNCHER",

@@ -2,6 +2,7 @@
 What messages and docs recommend is `fastsac-launch --cleanup JOB` (common.cleanup_command)."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from fastsac.shm_layout.cleanup import _scan, find_stale_segments, format_stale_report, unlink_job_segments
@@ -11,7 +12,6 @@ from fastsac.shm_layout.segment import _unlink_quiet
 
 def main(argv: list[str] | None = None) -> int:
     """python -m fastsac.shm_layout list [--job J] | clean --job J [--force] | clean --all-stale"""
-    import argparse
     p = argparse.ArgumentParser(prog="python -m fastsac.shm_layout", description=main.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", help="list fastsac segments and whether they are stale")

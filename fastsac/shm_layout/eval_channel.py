@@ -15,7 +15,7 @@ incarnation up, like a collector its ring.
 The result is a tiny seqlock: seq odd, field stores, seq even (the number of results written
 is seq // 2). A reader copies the record in one numpy call and keeps it only when seq was even
 and unchanged around the copy, so it never sees a half-written result and never blocks the
-evaluator (x86-64 TSO, argued for the control block's collector stats in docs/design.md).
+evaluator (x86-64 TSO, argued for the control block's collector stats in docs/shared-memory.md).
 """
 from __future__ import annotations
 
@@ -26,8 +26,16 @@ import numpy as np
 
 from fastsac.shm_layout.cleanup import _replace_if_stale
 from fastsac.shm_layout.common import (
-    CACHE_LINE, HEADER_NBYTES, PAGE, SegmentKind, ShmLayoutError, _digest, check_memory_order, eval_name,
-    segment_exists, validate_job_name,
+    CACHE_LINE,
+    HEADER_NBYTES,
+    PAGE,
+    SegmentKind,
+    ShmLayoutError,
+    _digest,
+    check_memory_order,
+    eval_name,
+    segment_exists,
+    validate_job_name,
 )
 from fastsac.shm_layout.locks import EVAL_EVALUATOR_LOCK, EVAL_EVALUATOR_PID, read_pid
 from fastsac.shm_layout.segment import SegmentInfo, _incarnation_of, _Segment, _SegmentHandle

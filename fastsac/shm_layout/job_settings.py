@@ -9,6 +9,7 @@ differing key with both values. Torch-free (the launcher imports it).
 from __future__ import annotations
 
 from fastsac.config import Config, ConfigError
+from fastsac.shm_layout.common import LAYOUT_VERSION
 
 # Keys whose values decide the shared layouts (ring and snapshot shapes, env row blocks) or the
 # meaning of the data (which task, which seeds, which policy the collectors run).
@@ -30,7 +31,6 @@ def _get(cfg: Config, dotted: str):
 
 def job_settings(cfg: Config, plan) -> dict:
     """What the launcher records: the config keys above, the env split and the layout version."""
-    from fastsac.shm_layout import LAYOUT_VERSION
     settings = {key: _get(cfg, key) for key in CONFIG_KEYS}
     settings["env rows per collector"] = [[c.env_first, c.env_count] for c in plan.collectors]
     # a collector fed by another learner than the job planned would write ingest records it does not own

@@ -1,5 +1,5 @@
 """The weight snapshot of collector i: a seqlock-protected double buffer of the flat actor
-weights, written by the learner and read by collector i (argued in docs/design.md, "Weight
+weights, written by the learner and read by collector i (argued in docs/shared-memory.md, "Weight
 snapshot")."""
 from __future__ import annotations
 
@@ -10,11 +10,25 @@ import numpy as np
 
 from fastsac.shm_layout.cleanup import _replace_if_stale
 from fastsac.shm_layout.common import (
-    CACHE_LINE, DATA_OFFSET, EVALUATOR_ID, HEADER_NBYTES, PAGE, SegmentKind, ShmLayoutError, _align,
-    _check_collector_id, _digest, check_memory_order, validate_job_name,
+    CACHE_LINE,
+    DATA_OFFSET,
+    EVALUATOR_ID,
+    HEADER_NBYTES,
+    PAGE,
+    SegmentKind,
+    ShmLayoutError,
+    _align,
+    _check_collector_id,
+    _digest,
+    check_memory_order,
+    validate_job_name,
 )
 from fastsac.shm_layout.locks import (
-    WTS_READER_LOCK, WTS_READER_PID, WTS_WRITER_LOCK, WTS_WRITER_PID, read_pid,
+    WTS_READER_LOCK,
+    WTS_READER_PID,
+    WTS_WRITER_LOCK,
+    WTS_WRITER_PID,
+    read_pid,
 )
 from fastsac.shm_layout.segment import SegmentInfo, _incarnation_of, _Segment, _SegmentHandle
 

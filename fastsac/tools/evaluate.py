@@ -23,13 +23,16 @@ import sys
 import numpy as np
 import torch
 
-from fastsac.tools import video
-from fastsac.run.checkpoint import CheckpointError
-from fastsac.config import SEED_MAX
-from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
 from fastsac.common.seeds import eval_seed
+from fastsac.config import SEED_MAX
+from fastsac.envs.registry import make_env
+from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from fastsac.run.checkpoint import CheckpointError
 from fastsac.run.eval_episodes import run_eval_episodes
-from fastsac.tools.export import UsageParser, load_for_env
+from fastsac.run.torch_runtime import configure_torch
+from fastsac.tools import video
+from fastsac.tools.export import load_for_env
 
 DEFAULT_EPISODES = 10
 
@@ -45,7 +48,8 @@ def deterministic_actions(actor: torch.nn.Module):
 def build_parser():
     p = UsageParser(prog="fastsac-eval",
                     description="Run deterministic episodes of a checkpoint's policy on fresh envs and print "
-                                "the mean/min/max episode return and length.")
+                                "the mean/min/max episode return and length.",
+                    epilog=EXIT_CODES_HELP)
     p.add_argument("checkpoint", help="a checkpoint file (ckpt_*.pt), or a run_dir (its newest valid checkpoint)")
     p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES,
                    help=f"episodes to play, one per env, all stepped together (default {DEFAULT_EPISODES})")
@@ -58,6 +62,7 @@ def build_parser():
     return p
 
 
+@quiet_broken_pipe
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     try:
@@ -70,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         policy, env_name, max_steps = load_for_env(args.checkpoint, args.env_name)
         cfg = policy.cfg
         seed = args.seed if args.seed is not None else eval_seed(cfg.seed, cfg.trainer.async_options.num_collectors)
-        from fastsac.envs.registry import make_env
         env = make_env(env_name, args.episodes, seed=seed, max_episode_steps=max_steps)
         try:
             recorder = video.open_video(env, env_name, out, gl) if out is not None else None
@@ -80,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ConfigError) as exc:
         print(f"fastsac-eval: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from fastsac.run.torch_runtime import configure_torch
     configure_torch()
     print(f"fastsac-eval: {policy.describe()}", flush=True)
     print(f"fastsac-eval: {args.episodes} deterministic episode(s) on {env_name} (max {env.max_episode_steps} steps), "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import json
 import logging
 import os
@@ -37,9 +38,11 @@ from torch import Tensor, nn
 from fastsac.algo.networks import Actor
 from fastsac.algo.normalizer import RunningNormalizer
 from fastsac.algo.policy_layout import actor_widths
-from fastsac.run.checkpoint import CheckpointError, load_checkpoint, newest_valid
+from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
 from fastsac.config import Config, config_from_dict
+from fastsac.envs.registry import make_env
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
+from fastsac.run.checkpoint import CheckpointError, load_checkpoint, newest_valid
 
 FORMATS = ("torchscript", "onnx")
 EXPORT_EXTRA_HINT = "pip install 'fastsac[export]'"
@@ -134,7 +137,6 @@ def load_policy(path: Path, payload: dict, cfg: Config, action_low: np.ndarray,
 
 def env_action_bounds(name: str, max_episode_steps: int) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(action_low, action_high, obs_dim, act_dim) of a task, read off a one-env instance."""
-    from fastsac.envs.registry import make_env
     env = make_env(name, 1, seed=0, max_episode_steps=max_episode_steps)
     try:
         return np.asarray(env.action_low, np.float32), np.asarray(env.action_high, np.float32), env.obs_dim, env.act_dim
@@ -180,7 +182,6 @@ def metadata(policy: TrainedPolicy) -> dict:
 
 
 def missing_onnx_modules() -> list[str]:
-    import importlib
     missing = []
     for name in ONNX_MODULES:
         try:
@@ -205,8 +206,8 @@ def _write_torchscript(actor: DeterministicActor, meta: dict, out: Path) -> Call
 
 
 def _write_onnx(actor: DeterministicActor, meta: dict, out: Path) -> Callable[[Tensor], Tensor]:
-    import onnx
-    import onnxruntime
+    import onnx  # the optional export extra
+    import onnxruntime  # the optional export extra
 
     example = torch.zeros(2, actor.obs_dim)   # batch 2: a batch of 1 would be specialized away
     batch = torch.export.Dim("batch", min=1)
@@ -254,20 +255,12 @@ def export(policy: TrainedPolicy, fmt: str, out: Path) -> float:
 
 # --------------------------------------------------------------------------- CLI
 
-class UsageParser(argparse.ArgumentParser):
-    """argparse with this project's usage exit code and a 'PROG: error:' line."""
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="fastsac-export",
                     description="Export a checkpoint's deterministic actor (observation normalizer and action "
                                 "scaling included) as TorchScript or ONNX: raw observations [B, obs_dim] float32 "
-                                "in, env actions [B, act_dim] out.")
+                                "in, env actions [B, act_dim] out.",
+                    epilog=EXIT_CODES_HELP)
     p.add_argument("checkpoint", help="a checkpoint file (ckpt_*.pt), or a run_dir (its newest valid checkpoint)")
     p.add_argument("--format", required=True, choices=FORMATS,
                    help=f"torchscript (torch only) or onnx (needs {EXPORT_EXTRA_HINT})")
@@ -275,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_broken_pipe
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     out = Path(args.out)

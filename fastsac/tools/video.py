@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fastsac.envs.pendulum import DT, PendulumSwingUp
 from fastsac.errors import ConfigError
 
 VIDEO_WIDTH, VIDEO_HEIGHT = 640, 480   # MuJoCo's default offscreen buffer size; multiples of 16 for H.264
@@ -104,7 +105,7 @@ def check_encoder() -> None:
     if missing:
         raise ConfigError(f"--video needs imageio and imageio-ffmpeg; missing: {', '.join(missing)}. "
                           f"Install them with: {VIDEO_EXTRA_HINT}")
-    import imageio_ffmpeg
+    import imageio_ffmpeg  # the optional video extra
     try:
         imageio_ffmpeg.get_ffmpeg_exe()
     except RuntimeError as exc:
@@ -210,7 +211,7 @@ class MujocoFrames:
     """Frames of one env of a MujocoVecEnv, rendered by mujoco.Renderer from its (qpos, qvel)."""
 
     def __init__(self, env, gl: GLChoice, width: int = VIDEO_WIDTH, height: int = VIDEO_HEIGHT):
-        import mujoco
+        import mujoco  # the optional mujoco extra
         self._mj, self._env, self._gl = mujoco, env, gl
         model = env.model
         self.fps = 1.0 / env.dt
@@ -264,7 +265,6 @@ class PendulumFrames:
     BACKGROUND, POLE, AXLE = (255, 255, 255), (204, 77, 77), (0, 0, 0)
 
     def __init__(self, env, width: int = VIDEO_WIDTH, height: int = VIDEO_HEIGHT):
-        from fastsac.envs.pendulum import DT
         self._env = env
         self.fps = 1.0 / DT
         s = min(width, height)
@@ -294,8 +294,7 @@ class PendulumFrames:
 
 def frame_source(env, env_name: str, gl: GLChoice):
     """The frame source for env's kind; ConfigError when it cannot be rendered (or no GL works)."""
-    from fastsac.envs.mujoco_base import MujocoVecEnv
-    from fastsac.envs.pendulum import PendulumSwingUp
+    from fastsac.envs.mujoco_base import MujocoVecEnv  # it imports the optional mujoco extra
     if isinstance(env, PendulumSwingUp):
         return PendulumFrames(env)
     if isinstance(env, MujocoVecEnv):
@@ -314,7 +313,7 @@ class VideoRecorder:
     place; `close()` (always call it) removes the temp file of an unfinished video."""
 
     def __init__(self, source, out: Path):
-        import imageio.v2 as imageio
+        import imageio.v2 as imageio  # the optional video extra
         self.source, self.out = source, out
         self.fps = source.fps
         self.frames = 0

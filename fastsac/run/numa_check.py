@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 
 from fastsac import shm_layout as shm
+from fastsac.algo.policy_layout import policy_flat_numel
+from fastsac.envs.registry import make_env
 from fastsac.machine.binding import numa_maps_pages, read_binding
 
 REPORT_PREFIX = "NUMA-CHECK "
@@ -65,8 +67,6 @@ def run_learner_check(ctx) -> int:
 
 
 def run_collector_check(ctx) -> int:
-    from fastsac.algo.policy_layout import policy_flat_numel
-    from fastsac.envs.registry import make_env
     cfg, me = ctx.cfg, ctx.me
     ctl = shm.ControlBlock.attach(cfg.job_name, role="observer")
     env = make_env(cfg.env.name, me.env_count, seed=cfg.seed, first_env_id=me.env_first,

@@ -40,7 +40,7 @@ LIVENESS_INTERVAL_S = 0.5   # how often the launcher's liveness is checked
 class Evaluator:
     def __init__(self, ctx, role: str):
         self.role = role
-        self.shm, self.cfg = shm, ctx.cfg
+        self.cfg = ctx.cfg
         cfg = self.cfg
         self.ctl = shm.ControlBlock.attach(cfg.job_name, role="observer")
         self.channel = self.snapshot = self.env = None
@@ -75,7 +75,7 @@ class Evaluator:
         now = time.monotonic()
         if now - self.last_liveness >= LIVENESS_INTERVAL_S:
             self.last_liveness = now
-            if not self.shm.job_is_alive(self.cfg.job_name) or not self.ctl.still_current():
+            if not shm.job_is_alive(self.cfg.job_name) or not self.ctl.still_current():
                 self.exit_code = 1
                 return "the launcher of this job is gone"
         return None
@@ -115,7 +115,7 @@ class Evaluator:
             self.done_env_steps = env_steps
             process_setup.log(self.role, line(result))
         process_setup.log(self.role, f"{reason}: exiting")
-        ch.update(state=int(self.shm.ProcState.EXITED if self.exit_code == 0 else self.shm.ProcState.FAILED))
+        ch.update(state=int(shm.ProcState.EXITED if self.exit_code == 0 else shm.ProcState.FAILED))
         return self.exit_code
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ from fastsac.run.checkpoint import CheckpointError
 from fastsac.run.eval_episodes import run_eval_episodes
 from fastsac.run.torch_runtime import configure_torch
 from fastsac.tools import video
-from fastsac.tools.export import load_for_env
+from fastsac.tools.export import add_checkpoint_arg, load_for_env
 
 DEFAULT_EPISODES = 10
 
@@ -50,7 +50,7 @@ def build_parser():
                     description="Run deterministic episodes of a checkpoint's policy on fresh envs and print "
                                 "the mean/min/max episode return and length.",
                     epilog=EXIT_CODES_HELP)
-    p.add_argument("checkpoint", help="a checkpoint file (ckpt_*.pt), or a run_dir (its newest valid checkpoint)")
+    add_checkpoint_arg(p)
     p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES,
                    help=f"episodes to play, one per env, all stepped together (default {DEFAULT_EPISODES})")
     p.add_argument("--env-name", help="evaluate on this env instead of the trained one (same obs/action sizes)")

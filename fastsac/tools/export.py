@@ -255,13 +255,18 @@ def export(policy: TrainedPolicy, fmt: str, out: Path) -> float:
 
 # --------------------------------------------------------------------------- CLI
 
+def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
+    """The positional checkpoint argument of every tool that reads a run."""
+    p.add_argument("checkpoint", help="a checkpoint file (ckpt_*.pt), or a run_dir (its newest valid checkpoint)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="fastsac-export",
                     description="Export a checkpoint's deterministic actor (observation normalizer and action "
                                 "scaling included) as TorchScript or ONNX: raw observations [B, obs_dim] float32 "
                                 "in, env actions [B, act_dim] out.",
                     epilog=EXIT_CODES_HELP)
-    p.add_argument("checkpoint", help="a checkpoint file (ckpt_*.pt), or a run_dir (its newest valid checkpoint)")
+    add_checkpoint_arg(p)
     p.add_argument("--format", required=True, choices=FORMATS,
                    help=f"torchscript (torch only) or onnx (needs {EXPORT_EXTRA_HINT})")
     p.add_argument("out", help="the file to write (its directory must exist; an existing file is replaced)")

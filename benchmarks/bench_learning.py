@@ -3,7 +3,8 @@ trainers and a peer (Stable-Baselines3 SAC) in one run, on the same machine and 
 
 Each run is the real thing: `fastsac-launch CONFIG ...` for a fastsac mode, benchmarks/sb3_peer.py
 for SB3, one run at a time, seeds outer and modes inner, so the order interleaves and slow phases
-of a shared machine hit every mode alike. Each run gets the same wall-clock budget (--budget-s)
+of a shared machine hit every mode alike. Each run gets the same training wall-clock budget (--budget-s;
+the sync trainer's inline evaluation is added to it, as the peer's evaluation is off its clock)
 and is stopped by SIGTERM when it is spent (a fastsac run then writes its final checkpoint).
 
 What is measured is the deterministic evaluation: eval/mean_return of fastsac's evaluation
@@ -72,13 +73,24 @@ class RunGroup:
             self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         return self.proc
 
-    def wait(self, budget_s: float) -> int:
-        """Wait for the run; SIGTERM its group when the budget is spent, SIGKILL after the grace."""
+    def wait(self, budget_s: float, uncounted=lambda: 0.0) -> int:
+        """Wait for the run; SIGTERM its group when the budget is spent, SIGKILL after the grace.
+
+        The budget is on the training clock: `uncounted()` (seconds the run spent on anything
+        else, e.g. inline evaluation) is added to it, as the peer stops on its training clock."""
         assert self.proc is not None
-        try:
-            return self.proc.wait(timeout=budget_s)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGTERM)
+        start = time.monotonic()
+        while True:
+            left = budget_s + uncounted() - (time.monotonic() - start)
+            if left <= 0:
+                break
+            try:
+                code = self.proc.wait(timeout=left)
+                self.proc = None
+                return code
+            except subprocess.TimeoutExpired:
+                continue
+        self.signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
@@ -105,15 +117,27 @@ class RunGroup:
 
 
 # --------------------------------------------------------------------------- one run
-def fastsac_curve(run_dir: Path, t0: float, inline_eval: bool) -> list[Point]:
-    """Eval points of a fastsac run from its TensorBoard files, seconds since t0 (wall)."""
+def tb_scalars(run_dir: Path, *tags: str) -> list[list]:
+    """The events of each tag in a fastsac run's TensorBoard files ([] for a tag not written yet)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
-    if "eval/mean_return" not in acc.Tags()["scalars"]:
-        return []
-    returns = acc.Scalars("eval/mean_return")
-    costs = [e.value for e in acc.Scalars("eval/seconds")] if inline_eval else [0.0] * len(returns)
+    written = acc.Tags()["scalars"]
+    return [acc.Scalars(tag) if tag in written else [] for tag in tags]
+
+
+def eval_seconds(run_dir: Path) -> float:
+    """Seconds a sync run has spent on inline evaluation so far."""
+    if not (run_dir / "tb").exists():
+        return 0.0
+    (costs,) = tb_scalars(run_dir, "eval/seconds")
+    return sum(e.value for e in costs)
+
+
+def fastsac_curve(run_dir: Path, t0: float, inline_eval: bool) -> list[Point]:
+    """Eval points of a fastsac run from its TensorBoard files, seconds since t0 (wall)."""
+    returns, costs = tb_scalars(run_dir, "eval/mean_return", "eval/seconds")
+    costs = [e.value for e in costs] if inline_eval else [0.0] * len(returns)
     curve, spent = [], 0.0
     for e, cost in zip(returns, costs):
         spent += cost                 # the inline evaluation blocked training for `cost` seconds
@@ -126,12 +150,13 @@ def run_fastsac(group: RunGroup, args, mode: str, seed: int, out: Path) -> list[
     cmd = [sys.executable, "-m", "fastsac.launcher", args.config, *MODES[mode], f"seed={seed}",
            f"run_dir={run_dir}", f"job_name=bl{os.getpid() % 10000}{mode}{seed}", "logging.console=true",
            *args.overrides]
+    inline_eval = mode == "sync"          # the sync trainer stops training to evaluate
     t0 = time.time()
     group.start(cmd, out / "runs" / f"{mode}_s{seed}.log")
-    rc = group.wait(args.budget_s)
+    rc = group.wait(args.budget_s, uncounted=lambda: eval_seconds(run_dir) if inline_eval else 0.0)
     if rc not in (0, -signal.SIGTERM):
         raise RuntimeError(f"{mode} seed {seed} failed (exit {rc}); see {out / 'runs' / f'{mode}_s{seed}.log'}")
-    return fastsac_curve(run_dir, t0, inline_eval=mode == "sync")
+    return fastsac_curve(run_dir, t0, inline_eval)
 
 
 def run_sb3(group: RunGroup, args, seed: int, out: Path) -> list[Point]:

@@ -51,7 +51,7 @@ def test_eval_of_an_async_run_checkpoint(tmp_path, job_name):
     mean, low, high = s["return"]
     # pendulum rewards are in [-16.3, 0] per step
     assert -16.3 * PENDULUM_STEPS <= low <= mean <= high <= 0 and low < high, proc.stdout
-    assert "3 deterministic episode(s) on pendulum" in proc.stdout and "derived from training seed 1" in proc.stdout
+    assert "3 deterministic episode(s) on 3 pendulum env(s)" in proc.stdout and "derived from training seed 1" in proc.stdout
     # a run_dir means its newest valid checkpoint
     again = evaluate(str(tmp_path / "run"), "--episodes", "3")
     assert again.returncode == 0 and stats(again.stdout) == s, again.stdout + again.stderr
@@ -111,8 +111,10 @@ def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
     assert proc.returncode == 2 and "corrupt" in proc.stderr and "bad.pt" in proc.stderr, proc.stderr
     proc = evaluate(str(sync_checkpoint), "--video")
     assert proc.returncode == 2 and "argument --video: expected one argument" in proc.stderr, proc.stderr
-    proc = evaluate(str(sync_checkpoint), "--episodes", "0")
-    assert proc.returncode == 2 and "--episodes" in proc.stderr, proc.stderr
+    for episodes in ("0", "1000000000", "100000000000000000000"):   # 1e9 once built one env per episode
+        proc = evaluate(str(sync_checkpoint), "--episodes", episodes)
+        assert proc.returncode == 2 and f"--episodes: {episodes} is out of range" in proc.stderr, proc.stderr
+        assert "1 to 100,000" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     proc = evaluate(str(sync_checkpoint), "--env-name", "pendulm")
     assert proc.returncode == 2 and "'pendulum'" in proc.stderr, proc.stderr
     if __import__("importlib").util.find_spec("mujoco") is not None:
@@ -124,15 +126,17 @@ def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
 
 def test_before_step_sees_each_counted_step_and_changes_nothing():
     """run_eval_episodes' hook (fastsac-eval --video films with it) is called before every step with
-    the mask of the episodes still counted: env i is marked running exactly lengths[i] times."""
+    each env's count of finished episodes: env i's count is 0 for exactly its first episode's
+    length, also when every env plays two episodes."""
     import torch
 
     from fastsac.envs.registry import make_env
     from fastsac.run.eval_episodes import run_eval_episodes
     from fastsac.tools.evaluate import deterministic_actions
 
-    def run_episodes(actor, env, seed, before_step=None):   # one episode per env, as fastsac-eval plays them
-        return run_eval_episodes(deterministic_actions(actor), env, seed, env.num_envs, before_step=before_step)
+    def run_episodes(actor, env, seed, before_step=None, per_env=1):
+        return run_eval_episodes(deterministic_actions(actor), env, seed, per_env * env.num_envs,
+                                 before_step=before_step)
 
     class Actor(torch.nn.Module):          # a fixed policy that depends on the observation
         def forward(self, obs):
@@ -142,10 +146,24 @@ def test_before_step_sees_each_counted_step_and_changes_nothing():
     try:
         plain = run_episodes(Actor(), env, 4)
         seen = []
-        hooked = run_episodes(Actor(), env, 4, before_step=lambda running: seen.append(running.copy()))
+        hooked = run_episodes(Actor(), env, 4, before_step=lambda done: seen.append(done.copy()))
+        seen_twice = []
+        twice = run_episodes(Actor(), env, 4, before_step=lambda done: seen_twice.append(done.copy()), per_env=2)
     finally:
         env.close()
     np.testing.assert_array_equal(plain[0], hooked[0])
     np.testing.assert_array_equal(plain[1], hooked[1])
-    np.testing.assert_array_equal(np.sum(seen, axis=0), hooked[1])
-    assert seen[0].all() and len(seen) == 30
+    np.testing.assert_array_equal(np.sum(np.array(seen) == 0, axis=0), hooked[1])
+    assert (seen[0] == 0).all() and len(seen) == 30
+    first_lengths = twice[1][::2]          # env order: env 0's two episodes, then env 1's, ...
+    np.testing.assert_array_equal(np.sum(np.array(seen_twice) == 0, axis=0), first_lengths)
+    assert len(seen_twice) == 60
+
+
+@pytest.mark.process
+def test_more_episodes_than_envs_are_played_in_turn_on_a_bounded_number_of_envs(sync_checkpoint):
+    from fastsac.tools.evaluate import MAX_ENVS
+    proc = evaluate(str(sync_checkpoint), "--episodes", str(MAX_ENVS + 6), "--seed", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{MAX_ENVS + 6} deterministic episode(s) on {MAX_ENVS} pendulum env(s)" in proc.stdout, proc.stdout
+    assert stats(proc.stdout)["length"] == (PENDULUM_STEPS, PENDULUM_STEPS, PENDULUM_STEPS), proc.stdout

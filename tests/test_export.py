@@ -176,3 +176,69 @@ def test_a_written_file_that_does_not_reproduce_the_actor_is_an_error_and_is_not
     with pytest.raises(RuntimeError, match="does not reproduce the actor"):
         export.export(policy, "torchscript", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]      # neither OUT nor its temp file
+
+
+def limited_file_size(limit: int):
+    """preexec_fn: files of this process may not grow past `limit` bytes, as on a full disk (a
+    write past it fails with EFBIG; SIGXFSZ, which would kill the process, is ignored)."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.process
+def test_export_never_writes_over_a_checkpoint_or_into_checkpoints(tmp_path):
+    path, _ = make_checkpoint(tmp_path, "pendulum")
+    run = tmp_path / "run"
+    before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    link = tmp_path / "link.pt"
+    link.symlink_to(path)
+    other = tmp_path / "copy_of_a_checkpoint.pt"
+    shutil.copyfile(path, other)
+    cases = [(str(path), str(path), "is the checkpoint this command reads"),           # the issue's case
+             (str(run), str(path), "is the checkpoint this command reads"),            # run_dir -> that file
+             (str(path), str(link), "is the checkpoint this command reads"),           # through a symlink
+             (str(path), str(path.parent / "actor.pt"), "inside a run's checkpoints/"),
+             (str(path), str(other), "is a fastsac checkpoint")]
+    for source, out, why in cases:
+        proc = cli(source, "--format", "torchscript", out)
+        assert proc.returncode == 2, (source, out, proc.stdout + proc.stderr)
+        assert why in proc.stderr and "Traceback" not in proc.stderr, (source, out, proc.stderr)
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
+    assert other.read_bytes() == before[path.name]
+    # a folder of the user's that happens to be called checkpoints is no run's
+    mine = tmp_path / "mine" / "checkpoints"
+    mine.mkdir(parents=True)
+    proc = cli(str(path), "--format", "torchscript", str(mine / "actor.pt"))
+    assert proc.returncode == 0 and (mine / "actor.pt").is_file(), proc.stderr
+
+
+@pytest.mark.process
+def test_an_output_directory_that_takes_no_file_is_exit_2(tmp_path):
+    path, _ = make_checkpoint(tmp_path, "pendulum")
+    proc = cli(str(path), "--format", "torchscript", "/proc/a.pt")
+    assert proc.returncode == 2 and "cannot create a file next to '/proc/a.pt'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_a_full_disk_is_exit_1_in_one_line_and_leaves_no_file(tmp_path, fmt):
+    if fmt == "onnx":
+        for name in ("onnx", "onnxscript", "onnxruntime"):
+            pytest.importorskip(name, reason="--format onnx needs the export extra (pip install 'fastsac[export]')")
+    path, _ = make_checkpoint(tmp_path, "pendulum")
+    out = tmp_path / "out"
+    out.mkdir()
+    code = f"import sys\nfrom fastsac.tools.export import main\nsys.exit(main({[str(path), '--format', fmt, str(out / 'a.pt')]!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          preexec_fn=limited_file_size(2048), env={**__import__("os").environ,
+                                                                   "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr         # before: SIGABRT (torchscript), a traceback (onnx)
+    assert "fastsac-export: error: writing" in proc.stderr and "nothing was written there" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "terminate called" not in proc.stderr, proc.stderr
+    assert list(out.iterdir()) == []

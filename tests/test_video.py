@@ -227,3 +227,34 @@ v.PendulumFrames.frame = failing
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "No space left on device" in proc.stderr, proc.stderr
     only(tmp_path)
+
+
+@pytest.mark.process
+def test_a_full_disk_while_encoding_is_exit_1_with_ffmpegs_reason_and_no_file(pendulum, tmp_path):
+    """Files may not grow past 16 KiB (RLIMIT_FSIZE, as on a full disk): ffmpeg fails writing the
+    mp4 (killed by SIGXFSZ: Popen restores that signal's default in its children). Before, the
+    tool exited 0, printed the video line and left a truncated file at OUT."""
+    import resource
+    import signal
+
+    def full_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)    # this Python: EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+    out = tmp_path / "out"
+    out.mkdir()
+    code = f"import sys\nfrom fastsac.tools.evaluate import main\nsys.exit(main({[str(pendulum), '--video', str(out / 'v.mp4')]!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          preexec_fn=full_disk, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the encoder (ffmpeg) was killed by SIGXFSZ (File size limit exceeded)" in proc.stderr, proc.stderr
+    assert "video:" not in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    only(out)
+
+
+@pytest.mark.process
+def test_an_output_directory_that_takes_no_file_is_exit_2(pendulum, tmp_path):
+    proc = evaluate(str(pendulum), "--video", "/proc/x.mp4")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--video: cannot create a file next to '/proc/x.mp4'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

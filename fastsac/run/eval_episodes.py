@@ -47,8 +47,9 @@ def run_eval_episodes(act: Callable[[np.ndarray], np.ndarray], env, seed: int, e
                       before_step: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Play `episodes` episodes split over env's envs; (returns, lengths) in env order (env 0's
     episodes first), or None when on_step (called about every STEP_CALLBACK_S) returned False (a
-    stop: the evaluation is abandoned). before_step(counting), if given, runs before every step
-    with the mask of the envs whose episodes are still counted (fastsac-eval --video films with it)."""
+    stop: the evaluation is abandoned). before_step(episodes_done), if given, runs before every step
+    with the number of counted episodes each env has finished (fastsac-eval --video films env 0
+    while its count is 0)."""
     want = np.array(quotas(episodes, env.num_envs), np.int64)
     if len(want) != env.num_envs:
         raise ValueError(f"{env.num_envs} eval envs for {episodes} episodes: build the env with make_eval_env")
@@ -62,7 +63,7 @@ def run_eval_episodes(act: Callable[[np.ndarray], np.ndarray], env, seed: int, e
     last_cb = time.monotonic()
     for _ in range(limit):
         if before_step is not None:
-            before_step(done < want)
+            before_step(done)
         res = env.step(act(obs))
         ret += res.reward
         length += 1

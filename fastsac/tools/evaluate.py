@@ -2,8 +2,9 @@
 trained policy does, and what it looks like.
 
 Loads any checkpoint (the synchronous trainer and the async learner write the same format),
-builds N fresh envs of the trained task (or --env-name, which must have the same observation
-and action sizes) and plays one episode in each with the deterministic actor, the module that
+builds fresh envs of the trained task (or --env-name, which must have the same observation
+and action sizes): one per episode up to MAX_ENVS, which then play the episodes in turn, all
+stepped together, with the deterministic actor, the module that
 `fastsac-export` writes (tanh of the mean, normalizer statistics frozen). Episodes end by
 termination or by the env's time limit (the trained env.max_episode_steps for the trained task).
 Prints mean/min/max of the episode returns and lengths. --video films the first episode (env 0)
@@ -29,12 +30,14 @@ from fastsac.config import SEED_MAX
 from fastsac.envs.registry import make_env
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from fastsac.run.checkpoint import CheckpointError
-from fastsac.run.eval_episodes import run_eval_episodes
+from fastsac.run.eval_episodes import quotas, run_eval_episodes
 from fastsac.run.torch_runtime import configure_torch
 from fastsac.tools import video
 from fastsac.tools.export import add_checkpoint_arg, load_for_env
 
 DEFAULT_EPISODES = 10
+MAX_ENVS = 64             # envs stepped together; more episodes are played in turn on them
+MAX_EPISODES = 100_000    # 1e5 Humanoid episodes are 1e8 env steps: hours, already
 
 
 def deterministic_actions(actor: torch.nn.Module):
@@ -52,7 +55,8 @@ def build_parser():
                     epilog=EXIT_CODES_HELP)
     add_checkpoint_arg(p)
     p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES,
-                   help=f"episodes to play, one per env, all stepped together (default {DEFAULT_EPISODES})")
+                   help=f"episodes to play (default {DEFAULT_EPISODES}, at most {MAX_EPISODES:,}), on one env per "
+                        f"episode up to {MAX_ENVS} envs stepped together")
     p.add_argument("--env-name", help="evaluate on this env instead of the trained one (same obs/action sizes)")
     p.add_argument("--seed", type=int, help="env seed (default: derived from the training seed, "
                                             "distinct from the seeds training used)")
@@ -66,8 +70,9 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     try:
-        if args.episodes < 1:
-            raise ConfigError(f"--episodes: {args.episodes} is not a number of episodes; expected an integer >= 1")
+        if not 1 <= args.episodes <= MAX_EPISODES:
+            raise ConfigError(f"--episodes: {args.episodes} is out of range; expected an integer from 1 to "
+                              f"{MAX_EPISODES:,}")
         if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
             raise ConfigError(f"--seed: {args.seed} is out of range; expected 0..{SEED_MAX}")
         out = video.check_output(args.video) if args.video is not None else None
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         policy, env_name, max_steps = load_for_env(args.checkpoint, args.env_name)
         cfg = policy.cfg
         seed = args.seed if args.seed is not None else eval_seed(cfg.seed, cfg.trainer.async_options.num_collectors)
-        env = make_env(env_name, args.episodes, seed=seed, max_episode_steps=max_steps)
+        env = make_env(env_name, len(quotas(args.episodes, MAX_ENVS)), seed=seed, max_episode_steps=max_steps)
         try:
             recorder = video.open_video(env, env_name, out, gl) if out is not None else None
         except BaseException:
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     configure_torch()
     print(f"fastsac-eval: {policy.describe()}", flush=True)
-    print(f"fastsac-eval: {args.episodes} deterministic episode(s) on {env_name} (max {env.max_episode_steps} steps), "
+    print(f"fastsac-eval: {args.episodes} deterministic episode(s) on {env.num_envs} {env_name} env(s) "
+          f"(max {env.max_episode_steps} steps), "
           f"seed {seed}{'' if args.seed is not None else ' (derived from training seed ' + str(cfg.seed) + ')'}",
           flush=True)
     try:

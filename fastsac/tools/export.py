@@ -14,14 +14,16 @@ module, so what it measures is what is exported.
 TorchScript needs torch only; ONNX goes through torch.onnx.export (the dynamo exporter) and
 needs the extra fastsac[export] (onnx, onnxscript, onnxruntime). Every written file is loaded
 back and checked against the module before it is moved into place: a failed export leaves
-nothing behind. Exit codes: 0 written, 1 the written file did not reproduce the actor, 2 bad
-input (missing/corrupt checkpoint, missing extra, unusable OUT).
+nothing behind (fastsac.tools.outputs: OUT is never a checkpoint, nor inside a run's
+checkpoints/). Exit codes: 0 written, 1 the written file did not reproduce the actor or could
+not be written (a full disk), 2 bad input (missing/corrupt checkpoint, missing extra, unusable OUT).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import importlib
+import io
 import json
 import logging
 import os
@@ -43,6 +45,7 @@ from fastsac.config import Config, config_from_dict
 from fastsac.envs.registry import make_env
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from fastsac.run.checkpoint import CheckpointError, load_checkpoint, newest_valid
+from fastsac.tools.outputs import check_output, temp_path, write_failure
 
 FORMATS = ("torchscript", "onnx")
 EXPORT_EXTRA_HINT = "pip install 'fastsac[export]'"
@@ -198,9 +201,20 @@ def check_observations(actor: DeterministicActor, rows: int = CHECK_ROWS) -> Ten
     return actor.obs_mean + 3.0 * std * (2.0 * torch.rand(rows, actor.obs_dim, generator=g) - 1.0)
 
 
+def _write_file(path: Path, data: bytes) -> None:
+    """data to path, synced: a full disk is an OSError here (torch's own C++ writer aborts the
+    process on one, so the archive is built in memory and written by Python)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _write_torchscript(actor: DeterministicActor, meta: dict, out: Path) -> Callable[[Tensor], Tensor]:
     scripted = torch.jit.script(actor)
-    torch.jit.save(scripted, str(out), _extra_files={METADATA_KEY: json.dumps(meta)})
+    archive = io.BytesIO()
+    torch.jit.save(scripted, archive, _extra_files={METADATA_KEY: json.dumps(meta)})
+    _write_file(out, archive.getvalue())
     loaded = torch.jit.load(str(out), map_location="cpu")
     return lambda obs: loaded(obs)
 
@@ -226,15 +240,16 @@ def _write_onnx(actor: DeterministicActor, meta: dict, out: Path) -> Callable[[T
     model = onnx.load(str(out))
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta)
-    onnx.save(model, str(out))
+    _write_file(out, model.SerializeToString())
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     return lambda obs: torch.from_numpy(session.run([OUTPUT_NAME], {INPUT_NAME: obs.numpy()})[0])
 
 
 def export(policy: TrainedPolicy, fmt: str, out: Path) -> float:
     """Write the actor to out (atomically) and return the largest |exported - actor| seen on the
-    check observations; RuntimeError when it exceeds the tolerance (nothing is left at out)."""
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    check observations; RuntimeError when it exceeds the tolerance, OSError when the write fails
+    (either way nothing is left at out, and no temp file)."""
+    tmp = temp_path(out)
     try:
         run = (_write_torchscript if fmt == "torchscript" else _write_onnx)(policy.actor, metadata(policy), tmp)
         obs = check_observations(policy.actor)
@@ -269,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_arg(p)
     p.add_argument("--format", required=True, choices=FORMATS,
                    help=f"torchscript (torch only) or onnx (needs {EXPORT_EXTRA_HINT})")
-    p.add_argument("out", help="the file to write (its directory must exist; an existing file is replaced)")
+    p.add_argument("out", help="the file to write (its directory must exist; an existing file is replaced, "
+                               "never a checkpoint or anything in a run's checkpoints/)")
     return p
 
 
@@ -281,11 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.format == "onnx" and (missing := missing_onnx_modules()):
             raise ConfigError(f"--format onnx needs {', '.join(ONNX_MODULES)}; missing: {', '.join(missing)}. "
                               f"Install them with: {EXPORT_EXTRA_HINT}")
-        if not out.parent.is_dir():
-            raise ConfigError(f"out: the directory {str(out.parent)!r} of {str(out)!r} does not exist")
-        if out.is_dir():
-            raise ConfigError(f"out: {str(out)!r} is a directory; give a file name")
         policy, _, _ = load_for_env(args.checkpoint)
+        check_output("out", out, reads=(policy.path,))
     except (CheckpointError, ConfigError) as exc:
         print(f"fastsac-export: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -293,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         err = export(policy, args.format, out)
     except RuntimeError as exc:
         print(f"fastsac-export: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:    # a full disk, an I/O error: after every check, so a runtime failure
+        print(f"fastsac-export: error: {write_failure(args.format + ' file', out, exc)}", file=sys.stderr)
         return EXIT_FAILURE
     a = policy.actor
     print(f"fastsac-export: wrote {out} ({args.format}): {policy.describe()}; "

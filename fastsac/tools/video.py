@@ -21,15 +21,15 @@ imports mujoco, and sets MUJOCO_GL to the first that works: EGL, then OSMesa. A 
 user set is the only one tried. The Debian packages each backend needs are listed here once
 (scripts/setup_system.sh installs them as root).
 
-Encoding: imageio's ffmpeg plugin with the ffmpeg binary of imageio-ffmpeg (extra
+Encoding: fastsac.tools.encoder, a pipe into the ffmpeg binary of imageio-ffmpeg (extra
 fastsac[video]). Frames are streamed to ffmpeg (never all in memory) into a hidden temp file next
-to OUT, which is renamed into place only when the episode is complete: a failed run leaves
-nothing.
+to OUT, which is renamed into place only when the episode is complete and ffmpeg said it wrote
+the file: a failed run (a full disk included) leaves nothing at OUT. OUT is checked by
+fastsac.tools.outputs (never a checkpoint; its directory must take a file).
 """
 from __future__ import annotations
 
 import ctypes.util
-import importlib
 import os
 import subprocess
 import sys
@@ -40,13 +40,12 @@ import numpy as np
 
 from fastsac.envs.pendulum import DT, PendulumSwingUp
 from fastsac.errors import ConfigError
+from fastsac.tools import outputs
+from fastsac.tools.encoder import VIDEO_EXTRA_HINT, H264Writer, ffmpeg_exe
 
 VIDEO_WIDTH, VIDEO_HEIGHT = 640, 480   # MuJoCo's default offscreen buffer size; multiples of 16 for H.264
 VIDEO_SUFFIX = ".mp4"
-VIDEO_EXTRA_HINT = "pip install 'fastsac[video]'"
-ENCODER_MODULES = ("imageio", "imageio_ffmpeg")
 RECORDED_ENV = 0          # the env whose (first) episode is filmed
-FFMPEG_QUALITY = 7        # imageio's 0-10 scale (10 = best); 7 keeps a 1000-frame episode at a few MB
 GL_PROBE_TIMEOUT_S = 60
 
 
@@ -80,37 +79,17 @@ def apt_command() -> str:
 # ------------------------------------------------------------------ checks before anything runs
 
 def check_output(arg: str) -> Path:
-    """OUT must be a .mp4 file name in an existing, writable directory; an existing file is replaced."""
+    """OUT must be a .mp4 file name in an existing directory that takes a new file; an existing
+    file is replaced (never a checkpoint)."""
     out = Path(arg)
     if out.suffix.lower() != VIDEO_SUFFIX:
         raise ConfigError(f"--video: {arg!r} does not end in {VIDEO_SUFFIX}; the video is an mp4 file, e.g. out.mp4")
-    if out.is_dir():
-        raise ConfigError(f"--video: {arg!r} is a directory; give a file name ending in {VIDEO_SUFFIX}")
-    parent = out.parent
-    if not parent.is_dir():
-        raise ConfigError(f"--video: the directory {str(parent)!r} of {arg!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--video: the directory {str(parent)!r} of {arg!r} is not writable")
-    return out
+    return outputs.check_output("--video", out)
 
 
 def check_encoder() -> None:
-    """ConfigError naming the extra unless imageio and imageio-ffmpeg (with its ffmpeg) are installed."""
-    missing = []
-    for name in ENCODER_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name.replace("_", "-"))
-    if missing:
-        raise ConfigError(f"--video needs imageio and imageio-ffmpeg; missing: {', '.join(missing)}. "
-                          f"Install them with: {VIDEO_EXTRA_HINT}")
-    import imageio_ffmpeg  # the optional video extra
-    try:
-        imageio_ffmpeg.get_ffmpeg_exe()
-    except RuntimeError as exc:
-        raise ConfigError(f"--video: imageio-ffmpeg finds no ffmpeg binary ({exc}); reinstall it: "
-                          f"{VIDEO_EXTRA_HINT}") from None
+    """ConfigError naming the extra unless imageio-ffmpeg (with its ffmpeg) is installed."""
+    ffmpeg_exe()
 
 
 # ------------------------------------------------------------------ headless OpenGL
@@ -313,40 +292,34 @@ class VideoRecorder:
     place; `close()` (always call it) removes the temp file of an unfinished video."""
 
     def __init__(self, source, out: Path):
-        import imageio.v2 as imageio  # the optional video extra
         self.source, self.out = source, out
         self.fps = source.fps
         self.frames = 0
-        self._tmp: Path | None = out.with_name(f".{out.stem}.tmp{os.getpid()}{VIDEO_SUFFIX}")
+        self._tmp: Path | None = outputs.temp_path(out)
+        self._writer: H264Writer | None = None
         try:
-            # macro_block_size=16 with 640x480: no resize; -movflags +faststart: playable while downloading
-            self._writer = imageio.get_writer(self._tmp, format="FFMPEG", mode="I", fps=self.fps, codec="libx264",
-                                              quality=FFMPEG_QUALITY, pixelformat="yuv420p", macro_block_size=16,
-                                              ffmpeg_log_level="error", output_params=["-movflags", "+faststart"])
+            self._writer = H264Writer(self._tmp, VIDEO_WIDTH, VIDEO_HEIGHT, self.fps)
         except OSError as exc:
-            self._tmp.unlink(missing_ok=True)
             self._tmp = None
-            raise ConfigError(f"--video: cannot write next to {str(out)!r}: {exc}") from None
+            raise ConfigError(f"--video: cannot start the encoder for {str(out)!r}: {exc}") from None
 
-    def before_step(self, running: np.ndarray) -> None:
-        if running[RECORDED_ENV]:
-            self._writer.append_data(self.source.frame(RECORDED_ENV))
+    def before_step(self, episodes_done: np.ndarray) -> None:
+        if episodes_done[RECORDED_ENV] == 0:
+            self._writer.write(self.source.frame(RECORDED_ENV))
             self.frames += 1
 
     def finish(self) -> int:
-        """Close the encoder and rename the file into place; the number of frames."""
-        self._writer.close()
-        self._writer = None
+        """Close the encoder and, once it reported a whole file, rename it into place; the number
+        of frames. OSError (nothing at OUT) when the encoder failed."""
+        writer, self._writer = self._writer, None
+        writer.close()
         os.replace(self._tmp, self.out)
         self._tmp = None
         return self.frames
 
     def close(self) -> None:
-        if getattr(self, "_writer", None) is not None:
-            try:
-                self._writer.close()
-            except Exception:   # the encoder already failed; the temp file goes anyway
-                pass
+        if self._writer is not None:
+            self._writer.abort()
             self._writer = None
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)

@@ -51,7 +51,8 @@ def test_eval_of_an_async_run_checkpoint(tmp_path, job_name):
     mean, low, high = s["return"]
     # pendulum rewards are in [-16.3, 0] per step
     assert -16.3 * PENDULUM_STEPS <= low <= mean <= high <= 0 and low < high, proc.stdout
-    assert "3 deterministic episode(s) on 3 pendulum env(s)" in proc.stdout and "derived from training seed 1" in proc.stdout
+    assert "3 deterministic episode(s) on 3 pendulum env(s)" in proc.stdout, proc.stdout
+    assert "derived from training seed 1" in proc.stdout
     # a run_dir means its newest valid checkpoint
     again = evaluate(str(tmp_path / "run"), "--episodes", "3")
     assert again.returncode == 0 and stats(again.stdout) == s, again.stdout + again.stderr

@@ -234,7 +234,8 @@ def test_a_full_disk_is_exit_1_in_one_line_and_leaves_no_file(tmp_path, fmt):
     path, _ = make_checkpoint(tmp_path, "pendulum")
     out = tmp_path / "out"
     out.mkdir()
-    code = f"import sys\nfrom fastsac.tools.export import main\nsys.exit(main({[str(path), '--format', fmt, str(out / 'a.pt')]!r}))"
+    argv = [str(path), "--format", fmt, str(out / "a.pt")]
+    code = f"import sys\nfrom fastsac.tools.export import main\nsys.exit(main({argv!r}))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
                           preexec_fn=limited_file_size(2048), env={**__import__("os").environ,
                                                                    "PYTHONDONTWRITEBYTECODE": "1"})

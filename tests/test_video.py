@@ -243,7 +243,8 @@ def test_a_full_disk_while_encoding_is_exit_1_with_ffmpegs_reason_and_no_file(pe
 
     out = tmp_path / "out"
     out.mkdir()
-    code = f"import sys\nfrom fastsac.tools.evaluate import main\nsys.exit(main({[str(pendulum), '--video', str(out / 'v.mp4')]!r}))"
+    argv = [str(pendulum), "--video", str(out / "v.mp4")]
+    code = f"import sys\nfrom fastsac.tools.evaluate import main\nsys.exit(main({argv!r}))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
                           preexec_fn=full_disk, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -33,6 +33,7 @@ from fastsac.run.checkpoint import CheckpointError
 from fastsac.run.eval_episodes import quotas, run_eval_episodes
 from fastsac.run.torch_runtime import configure_torch
 from fastsac.tools import video
+from fastsac.tools.encoder import VIDEO_EXTRA_HINT
 from fastsac.tools.export import add_checkpoint_arg, load_for_env
 
 DEFAULT_EPISODES = 10
@@ -62,7 +63,7 @@ def build_parser():
                                             "distinct from the seeds training used)")
     p.add_argument("--video", metavar="OUT.mp4",
                    help="also film the first episode into this mp4 (an existing file is replaced; needs "
-                        f"{video.VIDEO_EXTRA_HINT}; MuJoCo tasks need EGL or OSMesa)")
+                        f"{VIDEO_EXTRA_HINT}; MuJoCo tasks need EGL or OSMesa)")
     return p
 
 

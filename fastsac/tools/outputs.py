@@ -54,9 +54,9 @@ def check_output(key: str, out: Path, reads: tuple[Path, ...] = ()) -> Path:
             raise ConfigError(f"{key}: {shown!r} is the checkpoint this command reads ({str(source)!r}); writing "
                               "there would destroy it. Give another file name")
     if _is_run_checkpoints_dir(real.parent, reads):
-        raise ConfigError(f"{key}: {shown!r} is inside a run's {CHECKPOINTS_DIRNAME}/ directory ({str(real.parent)!r}), "
-                          "which holds the run's checkpoints only (the trainer prunes and resumes from it); "
-                          "write somewhere else")
+        raise ConfigError(f"{key}: {shown!r} is inside a run's {CHECKPOINTS_DIRNAME}/ directory "
+                          f"({str(real.parent)!r}), which holds the run's checkpoints only (the trainer prunes "
+                          "and resumes from it); write somewhere else")
     if real.is_file() and _is_checkpoint(real):
         raise ConfigError(f"{key}: {shown!r} is a fastsac checkpoint; a tool never writes over one. Give another "
                           "file name")

@@ -41,7 +41,7 @@ import numpy as np
 from fastsac.envs.pendulum import DT, PendulumSwingUp
 from fastsac.errors import ConfigError
 from fastsac.tools import outputs
-from fastsac.tools.encoder import VIDEO_EXTRA_HINT, H264Writer, ffmpeg_exe
+from fastsac.tools.encoder import H264Writer, ffmpeg_exe
 
 VIDEO_WIDTH, VIDEO_HEIGHT = 640, 480   # MuJoCo's default offscreen buffer size; multiples of 16 for H.264
 VIDEO_SUFFIX = ".mp4"

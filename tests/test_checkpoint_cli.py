@@ -158,3 +158,22 @@ def test_a_failed_final_save_exits_1_with_the_reason_and_keeps_the_previous(tmp_
     assert ckpts(run) == [previous] and previous.read_bytes() == kept
     assert no_temp_files(run)
     assert job_segments(job_name) == []
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", MODES)
+def test_resume_with_other_network_sizes_names_the_keys_and_both_values(tmp_path, job_name, mode):
+    # before: PyTorch's list of mismatched tensor shapes (the learner's: a traceback-sized dump)
+    cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False, "num_iterations": 4})
+    assert launch(cfg).returncode == 0
+    run = tmp_path / "run"
+    before = tree(run / "checkpoints")
+    proc = launch(cfg, asynchronous(mode), "resume=auto", "trainer.num_iterations=8", "algo.critic_hidden_dim=48",
+                  "algo.num_atoms=11")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = output(proc, run)
+    for needed in ("algo.critic_hidden_dim: 32 in the checkpoint, 48 in this job",
+                   "algo.num_atoms: 21 in the checkpoint, 11 in this job", "start a fresh run in another run_dir"):
+        assert needed in text, (needed, text)
+    assert "size mismatch" not in text and "Traceback" not in text, text
+    assert tree(run / "checkpoints") == before and job_segments(job_name) == []

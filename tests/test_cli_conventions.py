@@ -1,13 +1,17 @@
-"""The conventions every fastsac command keeps: --version, exit codes and keys in --help, and a
-quiet exit when the reader of its output goes away (`fastsac-launch --plan | head`)."""
+"""The conventions every fastsac command keeps: --version, exit codes and keys in --help, a
+quiet exit when the reader of its output goes away (`fastsac-launch --plan | head`), and a
+Ctrl-C at any moment of the launcher's start-up is one line, never a traceback."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from e2e_helpers import job_segments, tiny_config
 
 import fastsac
 
@@ -53,3 +57,28 @@ def test_output_into_a_closed_pipe_exits_quietly(tmp_path, args):
     finally:
         os.close(write_end)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("delay_s", [0.15, 0.4, 1.0, 2.5])
+def test_ctrl_c_while_the_launcher_starts_is_one_line_not_a_traceback(tmp_path, job_name, mode, delay_s):
+    """SIGINT (what a terminal's Ctrl-C sends) while Python imports the launcher, torch, builds the
+    envs or spawns the job: exit 130 with one line before the job's own handling is in place,
+    a graceful stop (0) after; never a KeyboardInterrupt traceback, no segment left."""
+    cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": mode == "async"})
+    proc = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, out + err)
+    if proc.returncode == 130:
+        assert "fastsac-launch: interrupted (Ctrl-C) while starting, before the job ran" in err, err
+    assert job_segments(job_name) == []

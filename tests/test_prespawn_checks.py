@@ -72,6 +72,12 @@ CASES = [
     ("missing resume checkpoint", ["resume=missing/ckpt.pt"],
      ["resume: 'missing/ckpt.pt' does not exist; expected '' (fresh start), 'auto' (the newest valid checkpoint in "
       "run_dir) or the path of a checkpoint file"]),
+    ("run_dir component longer than NAME_MAX", ["run_dir=runs/" + "r" * 300],
+     ["run_dir: the path component 'rrrr", "is 300 bytes long; this filesystem allows names of at most 255 bytes"]),
+    ("run_dir longer than PATH_MAX", ["run_dir=" + "/".join(["d" * 200] * 21)],
+     ["run_dir: the path is", "paths may be at most 4095 bytes here; choose a shorter run_dir"]),
+    ("resume path longer than NAME_MAX", ["resume=" + "c" * 300 + ".pt"],
+     ["resume: the path component 'cccc", "is 303 bytes long"]),
     ("numa_nodes with binding off", [f"{AO}.numa_binding=off", f"{AO}.numa_nodes=[0]"],
      [f"{AO}.numa_nodes: [0] contradicts {AO}.numa_binding: 'off'"]),
 ]

@@ -36,6 +36,9 @@ PSEUDO_FILESYSTEMS = frozenset({
     "pstore", "bpf", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "nsfs", "selinuxfs", "rpc_pipefs", "autofs",
 })
 _KERNEL_TREES = ("/proc", "/sys")
+# the longest relative path a run writes below run_dir: checkpoints/ckpt_<32 hex>-<6>_<14>.pt is
+# 74 bytes, a TensorBoard file's name carries the host name (up to 64) and a timestamp
+RUN_DIR_HEADROOM = 256
 TORCH_PROBE_TIMEOUT_S = 300  # importing torch + CUDA init; minutes only on a cold, slow disk
 
 
@@ -65,10 +68,35 @@ def _fs_type(path: str) -> str | None:
     return fstype
 
 
+def _nearest_existing(path: str) -> str:
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    return str(probe)
+
+
+def check_path_fits(key: str, value: str, headroom: int = 0) -> None:
+    """A path the filesystem can name: no component longer than its NAME_MAX, the whole (plus
+    `headroom`, the longest name the run adds below it) within PATH_MAX. Without this check
+    the first stat() of it fails with ENAMETOOLONG, as a traceback."""
+    base = _nearest_existing(os.path.abspath(value))
+    name_max, path_max = os.pathconf(base, "PC_NAME_MAX"), os.pathconf(base, "PC_PATH_MAX")
+    for part in Path(value).parts:
+        if len(os.fsencode(part)) > name_max:
+            raise ConfigError(f"{key}: the path component {part[:40]!r}... is {len(os.fsencode(part))} bytes long; "
+                              f"this filesystem allows names of at most {name_max} bytes; choose a shorter {key}")
+    length = len(os.fsencode(os.path.abspath(value)))
+    if length + headroom >= path_max:
+        extra = f" (plus {headroom} for the files the run writes inside it)" if headroom else ""
+        raise ConfigError(f"{key}: the path is {length} bytes long{extra}; paths may be at most {path_max - 1} bytes "
+                          f"here; choose a shorter {key}")
+
+
 def check_run_dir(cfg: Config) -> None:
     """run_dir must be (or become) a writable directory on storage. Creates nothing."""
     path = cfg.run_path
     shown = str(path)
+    check_path_fits("run_dir", shown, RUN_DIR_HEADROOM)
     real = os.path.realpath(path)  # symlinks resolved: a link into /proc is /proc
     for tree in _KERNEL_TREES:
         if real == tree or real.startswith(tree + "/"):
@@ -96,6 +124,7 @@ def check_resume(cfg: Config) -> None:
     if value in ("", "auto"):
         return
     valid = "expected '' (fresh start), 'auto' (the newest valid checkpoint in run_dir) or the path of a checkpoint file"
+    check_path_fits("resume", value)
     p = Path(value)
     if not p.exists():
         raise ConfigError(f"resume: {value!r} does not exist; {valid}")

@@ -69,6 +69,22 @@ def save(cfg: Config, spec: EnvSpec, agent: FastSAC, env_steps: int) -> Path:
     return run.save(payload)
 
 
+# the algo keys that give the agent's state its shapes: a checkpoint fits only a job with its values
+NETWORK_KEYS = ("actor_hidden_dim", "actor_num_layers", "critic_hidden_dim", "critic_num_layers", "trunk_shape",
+                "num_atoms", "obs_normalization")
+
+
+def check_same_networks(payload: dict, cfg: Config, path) -> None:
+    """CheckpointError (exit 2) naming every network key whose value differs from the checkpoint's
+    (instead of PyTorch's list of mismatched tensor shapes)."""
+    theirs = (payload.get("config") or {}).get("algo") or {}
+    diff = [f"algo.{key}: {theirs[key]!r} in the checkpoint, {getattr(cfg.algo, key)!r} in this job"
+            for key in NETWORK_KEYS if key in theirs and theirs[key] != getattr(cfg.algo, key)]
+    if diff:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds other networks than this job's: {'; '.join(diff)}. "
+                              "Resume with the checkpoint's values, or start a fresh run in another run_dir")
+
+
 def restore(cfg: Config, spec: EnvSpec, agent: FastSAC, log=print) -> int:
     """Load the checkpoint named by cfg.resume into agent; returns its env_steps (0 = fresh).
 
@@ -81,6 +97,7 @@ def restore(cfg: Config, spec: EnvSpec, agent: FastSAC, log=print) -> int:
         return 0
     path, payload = found
     check_compatible(payload, cfg.env.name, spec.obs_dim, spec.critic_obs_dim, spec.act_dim, path)
+    check_same_networks(payload, cfg, path)
     # verified on the CPU; every tensor to the agent's device, as torch.load's map_location would
     state = to_device(payload["agent"], str(agent.device))
     try:

@@ -1,9 +1,15 @@
 """End-to-end: the real CLI trains, logs, checkpoints, resumes, and cleans up (CPU)."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 import torch
-from e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config
+from conftest import _own_segments, _unlink_names, new_job_name
+from e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config, wait_for
 
 from fastsac.run.checkpoint import load_checkpoint
 
@@ -97,3 +103,35 @@ def test_checkpoint_weights_load_into_a_fresh_agent(tmp_path, job_name):
     agent.load_state_dict(payload["agent"])
     obs = torch.zeros(4, 3)
     assert agent.act(obs, deterministic=True).shape == (4, 1)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("first", ["sync", "async"])
+def test_a_second_job_on_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path, job_name, first):
+    # before: both ran, interleaving learner.log, two TensorBoard files in tb/, both runs' checkpoints
+    run = tmp_path / "run"
+    cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": first == "async"})
+    holder = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    other = new_job_name()
+    try:
+        wait_for(lambda: list((run / "tb").glob("events.*")), 120, "the first job to write TensorBoard")
+        for mode in ("sync", "async"):
+            for resume in ("", "auto"):
+                proc = launch(cfg, f"job_name={other}", f"trainer.asynchronous={mode == 'async'}",
+                              f"resume={resume}")
+                assert proc.returncode == 2, (mode, resume, proc.stdout + proc.stderr)
+                assert f"run_dir: '{run}' is in use by job '{job_name}' (pid {holder.pid} on" in proc.stderr, \
+                    (mode, resume, proc.stderr)
+        assert len(list((run / "tb").glob("events.*"))) == 1 and job_segments(other) == []
+        os.kill(holder.pid, signal.SIGTERM)
+        holder.communicate(timeout=120)
+        assert holder.returncode == 0
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+        _unlink_names(_own_segments(other + "."))
+    # the lock ends with its job: the run goes on under another job name
+    proc = launch(cfg, f"job_name={other}", "resume=auto", "trainer.num_iterations=1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr

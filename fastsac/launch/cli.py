@@ -26,6 +26,7 @@ from fastsac.launch.supervisor import Supervisor, run_numa_check
 from fastsac.machine.plan import format_plan, plan_job, plan_to_json
 from fastsac.machine.topology import discover_topology
 from fastsac.run.checkpoint import CheckpointError, check_fresh_run_dir  # torch-free
+from fastsac.run.run_dir_lock import RunDirLock
 from fastsac.shm_layout import job_is_alive
 from fastsac.shm_layout.job_settings import job_settings
 
@@ -81,6 +82,7 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool, trains: 
     # nothing and write no checkpoint, so an earlier run's files are no reason to refuse them.
     # (A second launch of a running job is told exactly that, later.)
     if trains and not job_is_alive(cfg.job_name):
+        RunDirLock.check_free(cfg.run_path)     # another job's run_dir: named before anything else about it
         check_fresh_run_dir(cfg.run_path, cfg.resume)
     preflight.check_devices(cfg, [p.device for p in plan.learners] if plan is not None else ())
     preflight.check_master_port(cfg)
@@ -151,11 +153,27 @@ def print_plan(plan, as_json: bool) -> int:
 
 def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
     job = cfg.job_name
+    if shm.job_is_alive(job):
+        print(f"fastsac-launch: job {job!r} is already running (another launcher holds "
+              f"{shm.ctl_name(job)}); stop it first or choose another job_name", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        if shm.job_is_alive(job):
-            print(f"fastsac-launch: job {job!r} is already running (another launcher holds "
-                  f"{shm.ctl_name(job)}); stop it first or choose another job_name", file=sys.stderr)
-            return EXIT_USAGE
+        # the check trains nothing: it takes no run_dir lock (it only writes its reports to logs/)
+        lock = None if check_numa else RunDirLock.acquire(cfg.run_path, job)
+    except ConfigError as exc:   # another job's run_dir
+        print(f"fastsac-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return supervise_job(cfg, plan, check_numa)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def supervise_job(cfg: Config, plan, check_numa: bool) -> int:
+    """Create the job's control segment, run it (or the NUMA check), and unlink every segment."""
+    job = cfg.job_name
+    try:
         stale = shm.find_stale_segments(job)
         if stale:  # their creator is provably dead (lock released / pid gone / other boot)
             print(f"fastsac-launch: removing stale segments of an earlier launch:\n{shm.format_stale_report(stale)}",
@@ -181,7 +199,8 @@ def run_sync(cfg: Config) -> int:
     # torch: only the synchronous trainer brings it in (the launcher itself is torch-free)
     from fastsac.sync import train_sync
     try:
-        return train_sync(cfg)
+        with RunDirLock.acquire(cfg.run_path, cfg.job_name):
+            return train_sync(cfg)
     except (CheckpointError, ConfigError) as exc:  # bad input, e.g. a corrupt checkpoint to resume from
         print(f"fastsac-launch: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from e2e_helpers import job_segments, kill_all, tiny_config, wait_for
@@ -118,3 +119,24 @@ def test_a_hung_evaluator_is_killed_and_given_up_on_while_training_goes_on(tmp_p
     assert f"evaluator (pid {pid}) is hung" in out, out
     assert "giving up on evaluation; training goes on" in out, out
     assert "final checkpoint" in out and not job_segments(job_name)
+
+
+@pytest.mark.process
+def test_a_hung_evaluator_delays_a_graceful_stop_by_seconds_not_stop_timeout_s(tmp_path, job_name):
+    # before: the final checkpoint within a second, then two minutes (stop_timeout_s) of waiting
+    launcher = start(eval_job(tmp_path, job_name, 100000, heartbeat_timeout_s=600.0, stop_timeout_s=60.0))
+    try:
+        ch, _ = first_result(job_name)
+        pid = ch.status()["pid"]
+        ch.close()
+        os.kill(pid, signal.SIGSTOP)            # hung: it will never see the stop flag
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        kill_all(launcher)
+    assert launcher.returncode == 0, out + err
+    assert f"the evaluator (pid {pid}) did not stop within 5s of the stop request; killing it" in out, out
+    assert "final checkpoint" in out and took < 30, (took, out)
+    assert not job_segments(job_name)

@@ -6,14 +6,17 @@ trainer.async_options.max_restarts (counted afresh after restart_reset_s of heal
 (its heartbeat in the evaluator channel older than heartbeat_timeout_s while it reports RUNNING)
 is killed and handled the same way. After the last restart the launcher gives up on evaluation
 and says so; the job goes on and its exit code does not change. At the end of the job the
-evaluator stops with everything else (stop flag, SIGTERM, SIGKILL) and its two segments go
-with the job's (ControlBlock.unlink).
+evaluator stops on the stop flag like everything else, but it holds no data, so it gets only
+STOP_GRACE_S for that (not stop_timeout_s): one that has not exited by then is killed, and
+the launcher says so. Its two segments go with the job's (ControlBlock.unlink).
 """
 from __future__ import annotations
 
 from fastsac import shm_layout as shm
 from fastsac.common.pacing import restart_delay
 from fastsac.errors import EXIT_USAGE
+
+STOP_GRACE_S = 5.0   # after the stop request: an evaluator still running then is killed
 
 
 class EvaluatorWatch:
@@ -22,6 +25,7 @@ class EvaluatorWatch:
         self.ao = sup.ao
         self.channel = None
         self.gave_up = False
+        self.killed_on_stop = False
 
     def start(self) -> None:
         self.sup.spawn(self.child)
@@ -66,6 +70,17 @@ class EvaluatorWatch:
         say(f"the evaluator exited with code {rc} (see {c.log_path}); restarting in {backoff:.1f}s; "
             "training goes on")
         c.restart_at = now + backoff
+
+    def stop_overdue(self, since_stop_s: float) -> None:
+        """During a stop: kill an evaluator that is still running STOP_GRACE_S after the request
+        (hung, or busy in a long episode); evaluation holds nothing that a stop must keep."""
+        c = self.child
+        if self.killed_on_stop or since_stop_s < STOP_GRACE_S or c.proc is None or c.proc.poll() is not None:
+            return
+        self.say(f"the evaluator (pid {c.proc.pid}) did not stop within {STOP_GRACE_S:g}s of the stop request; "
+                 "killing it (it holds no training data)")
+        self.killed_on_stop = True
+        c.proc.kill()
 
     def close(self) -> None:
         if self.channel is not None:

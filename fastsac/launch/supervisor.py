@@ -73,6 +73,7 @@ class Supervisor:
         self.evaluator = EvaluatorWatch(self, self.eval_children[0], say) if self.eval_children else None
         self.stop_signal = StopSignal()
         self.stop_deadline: float | None = None
+        self.stop_requested_at: float | None = None
         self.escalated_at: float | None = None
         self._tail_pos: dict[Path, int] = {}
 
@@ -111,11 +112,13 @@ class Supervisor:
         if self.stop_deadline is None:
             say(f"stopping the job: {reason}")
             self.ctl.request_stop(code)
-            self.stop_deadline = time.monotonic() + self.ao.stop_timeout_s
+            self.stop_requested_at = time.monotonic()
+            self.stop_deadline = self.stop_requested_at + self.ao.stop_timeout_s
 
     def escalate(self, why: str) -> None:
         if self.escalated_at is None:
-            say(f"{why}: sending SIGTERM to every process of the job")
+            left = ", ".join(f"{c.name} (pid {c.proc.pid})" for c in self.running()) or "none"
+            say(f"{why}: still running: {left}; sending SIGTERM to every process of the job")
             self.escalated_at = time.monotonic()
             self.signal_all(signal.SIGTERM)
 
@@ -199,6 +202,8 @@ class Supervisor:
                     self.request_stop(result[1], shm.StopReason.COLLECTOR_FAILED)
             if self.evaluator:
                 self.evaluator.watch(now, stopping=self.stop_deadline is not None)
+                if self.stop_requested_at is not None:
+                    self.evaluator.stop_overdue(now - self.stop_requested_at)
             if self.stop_deadline is not None:
                 if not self.running():
                     code, message = result or (EXIT_OK, "stopped")

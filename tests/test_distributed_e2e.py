@@ -190,3 +190,50 @@ def test_sigterm_on_one_machine_stops_every_machine_gracefully(tmp_path, job_nam
     assert "another learner of the group stopped" in outs[0] and "final checkpoint" in outs[0]
     assert list((runs[0] / "checkpoints").glob("ckpt_*.pt"))
     assert job_segments(job_name) == job_segments(job_name2) == []
+
+
+def test_a_killed_launcher_of_machine_0_fails_machine_1_naming_rank_0(tmp_path, job_name, job_name2):
+    # before: rank 1 printed "finished" and exited 0 at a fraction of the budget, so systemd's
+    # Restart=on-failure never restarted it
+    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
+    procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",
+                   f"distributed.master_port={port}") for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    try:
+        def trained():
+            ctl = observe(job_name2)
+            if ctl is None:
+                return False
+            try:
+                return ctl.learner["num_updates"] > 0
+            finally:
+                ctl.close()
+        wait_for(trained, 120, "the group to train")
+        os.kill(procs[0].pid, signal.SIGKILL)          # machine 0's launcher only; its learner lives on
+    finally:
+        outs = finish(procs, 90)
+    assert procs[1].returncode == 1, outs[1]
+    assert "learner rank 0 (node_rank 0) stopped on a failure of its machine" in outs[1], outs[1]
+    assert "finished" not in outs[1].splitlines()[-1], outs[1]
+    log0 = (runs[0] / "logs" / "learner.log").read_text()
+    assert "the launcher is gone" in log0 and "final checkpoint" in log0, log0
+    assert job_segments(job_name2) == []
+
+
+def test_machines_with_different_settings_all_exit_2_naming_the_keys(tmp_path, job_name, job_name2):
+    # before: both trained to the end and exited 0, averaging gradients of different objectives
+    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
+    differ = [["algo.gamma=0.99", "algo.batch_size=64"], ["algo.gamma=0.9", "algo.batch_size=32"]]
+    procs = [start(*small(job, run), "distributed.nnodes=2", f"distributed.node_rank={rank}",
+                   f"distributed.master_port={port}", *differ[rank])
+             for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    outs = finish(procs, 120)
+    assert [p.returncode for p in procs] == [2, 2], outs
+    for rank, other in ((0, 1), (1, 0)):
+        text = outs[rank] + (runs[rank] / "logs" / "learner.log").read_text()
+        mine, theirs = differ[rank], differ[other]
+        for key in ("algo.gamma", "algo.batch_size"):
+            here = next(v for v in mine if v.startswith(key)).split("=")[1]
+            there = next(v for v in theirs if v.startswith(key)).split("=")[1]
+            assert f"{key}: {here} here, {there} on learner rank {other} (node_rank {other})" in text, text
+        assert "stopped answering" not in text, text
+    assert job_segments(job_name) == job_segments(job_name2) == []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import json
 import re
 import threading
 import time
@@ -31,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from fastsac.errors import ConfigError
+from fastsac.learner.group_settings import differences, shared_settings
 from fastsac.machine.ranks import global_rank, node_of, world_size
 
 if TYPE_CHECKING:
@@ -41,6 +44,7 @@ __all__ = ["DistributedError", "LearnerGroup", "global_rank", "world_size"]
 BEAT_INTERVAL_S = 0.5      # each rank's beacon writes its beat key this often
 STALE_AFTER_S = 2.0        # a beat unchanged for this long (4 beats) names its rank as stopped
 BEACON_STORE_TIMEOUT_S = 5.0  # the beacon's own store client: a dead store fails its ops within this
+READ_WAIT_S = 10.0         # rank 0 keeps the store up this long for the others to read the settings
 
 
 # The flat all-gather: torch 2.13 renamed all_gather_into_tensor to all_gather_single and warns on
@@ -65,6 +69,14 @@ def resolve_backend(cfg, device: torch.device) -> str:
 
 def _beat_key(rank: int) -> str:
     return f"fastsac/beat/{rank}"
+
+
+def _settings_key(rank: int) -> str:
+    return f"fastsac/settings/{rank}"
+
+
+def _settings_read_key(rank: int) -> str:
+    return f"fastsac/settings_read/{rank}"
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
@@ -131,6 +143,37 @@ class _Beacon:
         self.thread.join(timeout=BEACON_STORE_TIMEOUT_S + 1.0)
 
 
+def _check_same_settings(cfg, store, rank: int, world: int, timeout: datetime.timedelta) -> None:
+    """Every rank compares every other rank's shared settings with its own (group_settings);
+    ConfigError (exit 2 on every rank) naming the differing keys and both values. Rank 0 hosts
+    the store, so it leaves only after every rank read what it needed (else the others would
+    see a vanished store, and name rank 0 as the failure instead of the settings)."""
+    store.set(_settings_key(rank), json.dumps(shared_settings(cfg), sort_keys=True, default=str))
+    try:
+        store.wait([_settings_key(r) for r in range(world)], timeout)
+    except RuntimeError as exc:
+        raise DistributedError(f"learner rank {rank}: not every rank published its settings within "
+                               f"distributed.timeout_s={cfg.distributed.timeout_s:g} s ({_first_line(exc)})") from None
+    mine = json.loads(json.dumps(shared_settings(cfg), default=str))
+    lines = []
+    for r in range(world):
+        if r == rank:
+            continue
+        for key, here, there in differences(mine, json.loads(store.get(_settings_key(r)))):
+            lines.append(f"{key}: {here!r} here, {there!r} on learner rank {r} (node_rank {node_of(cfg, r)})")
+    store.set(_settings_read_key(rank), "1")
+    if rank == 0:
+        try:
+            store.wait([_settings_read_key(r) for r in range(world)], datetime.timedelta(seconds=READ_WAIT_S))
+        except RuntimeError:
+            pass                       # a rank that died meanwhile: it reads nothing anyway
+    if lines:
+        raise ConfigError(f"learner rank {rank} (node_rank {node_of(cfg, rank)}): the machines of this job run "
+                          f"different settings, and learners would average gradients of different objectives: "
+                          f"{'; '.join(lines)}. Give every machine the same config (only "
+                          "job_name, run_dir, resume, devices, placement and supervision keys may differ)")
+
+
 class LearnerGroup:
     """This learner's membership of the job's learner process group (see the module doc)."""
 
@@ -175,6 +218,7 @@ class LearnerGroup:
             who = ", ".join(f"{r} (node_rank {node_of(cfg, r)})" for r in missing) or "?"
             raise DistributedError(f"learner rank(s) {who} did not join the learner group at {where} within "
                                    f"distributed.timeout_s={d.timeout_s:g} s") from None
+        _check_same_settings(cfg, store, rank, world, timeout)
         if backend == "nccl":
             torch.cuda.set_device(device)
         try:

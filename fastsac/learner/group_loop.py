@@ -35,6 +35,7 @@ from fastsac.common.stopping import StopSignal
 from fastsac.learner.distributed import DistributedError, LearnerGroup
 from fastsac.learner.loop import ATTACH_RETRY_S, Learner
 from fastsac.learner.telemetry import LearnerTelemetry
+from fastsac.machine.ranks import node_of
 from fastsac.process.setup import log
 
 ROLE = "learner"
@@ -137,6 +138,25 @@ class GroupLearner(Learner):
     def _local_stop(self) -> str | None:
         return Learner.stop_reason(self, self._stop)
 
+    def _stop_flags(self, local: str | None) -> dict[str, float]:
+        """This rank's part of a stop decision: whether it stops, and (rank + 1) when its stop is a
+        failure (its launcher gone, its job failing) rather than the end or a person's stop."""
+        failing = self.exit_code != 0 or (self.ctl.stop_requested() and self.ctl.stop_reason in
+                                          (shm.StopReason.LEARNER_FAILED, shm.StopReason.COLLECTOR_FAILED))
+        return {"stop": 1.0 if local else 0.0, "failed_rank": float(self.group.rank + 1) if local and failing else 0.0}
+
+    def _group_stop(self, local: str | None, maxes: dict[str, float]) -> str:
+        """The reason this rank stops on the group's decision: its own, else the peer's. A stop
+        because another rank failed is a failure here too (exit 1, naming that rank): a machine
+        whose job died must never read as 'finished' on the others."""
+        if local:
+            return local
+        if maxes["failed_rank"]:
+            rank = int(maxes["failed_rank"]) - 1
+            self.exit_code = 1
+            return f"learner rank {rank} (node_rank {node_of(self.cfg, rank)}) stopped on a failure of its machine"
+        return "another learner of the group stopped (a stop on its machine)"
+
     def buffer_ready(self) -> bool:
         return self.global_ready
 
@@ -176,14 +196,14 @@ class GroupLearner(Learner):
         learn = self.telemetry.learn_total
         sums = {"transitions": transitions, "produced": produced, "episodes": episodes, "return_sum": ret,
                 "length_sum": length, **{f"learn_s_r{r}": learn if r == rank else 0.0 for r in range(world)}}
-        maxes = {"stop": 1.0 if local else 0.0, "not_ready": 0.0 if self.buffer.ready() else 1.0}
+        maxes = {**self._stop_flags(local), "not_ready": 0.0 if self.buffer.ready() else 1.0}
         with self.beat_blocked.covering():
             self.group.sync_normalizers(self.agent)
             sums, maxes = self.group.exchange(sums, maxes)
         self.job = sums
         self.global_ready = maxes["not_ready"] == 0
         if maxes["stop"] and self.group_stop is None:
-            self.group_stop = local or "another learner of the group stopped (a stop on its machine)"
+            self.group_stop = self._group_stop(local, maxes)
         return int(sums["transitions"])
 
     def wait_for_collectors(self, stop: StopSignal) -> str | None:
@@ -196,7 +216,7 @@ class GroupLearner(Learner):
             late = bool(missing) and now - start > self.ao.collector_wait_s
             with self.beat_blocked.covering():
                 sums, maxes = self.group.exchange({"missing": len(missing)},
-                                                  {"stop": 1.0 if local else 0.0, "late": 1.0 if late else 0.0})
+                                                  {**self._stop_flags(local), "late": 1.0 if late else 0.0})
             if maxes["late"]:
                 self.exit_code = 1
                 ids = ", ".join(str(f.cid) for f in missing)
@@ -205,7 +225,7 @@ class GroupLearner(Learner):
                         f"{self.ao.collector_wait_s:g}s ({int(sums['missing'])} missing in the job); start them "
                         "(fastsac-launch CONFIG --plan prints the commands) or raise collector_wait_s")
             if maxes["stop"]:
-                return local or "another learner of the group stopped (a stop on its machine)"
+                return self._group_stop(local, maxes)
             if sums["missing"] == 0:
                 break
             time.sleep(ATTACH_RETRY_S / 4)

@@ -544,3 +544,24 @@ def test_env_nan_never_reaches_the_ring_and_fails_the_job_after_restarts(fault_j
     assert good_batches * 8 <= payload["env_steps"] <= 2 * good_batches * 8
     assert payload["agent"]["num_updates_done"] > 0 and all_finite(payload["agent"])
     assert job_segments(job.name) == []
+
+
+@pytest.mark.process
+def test_a_stop_while_a_collector_builds_its_envs_ends_it_at_once(fault_job):
+    # before: the launcher waited for the construction (12.8 s for 8,192 Humanoid envs; here a
+    # 60 s build in one blocking call, tests/fault_hooks/slow_env.py), then stop_timeout_s
+    job = fault_job(proc_env=hooks_env(), env={"name": "slow_env:SlowPendulum", "num_envs": 16},
+                    trainer={"num_iterations": 100_000})
+    launcher = job.start()
+    log = job.run / "logs" / "collector0.log"
+    wait_until(lambda: log.exists() and "slow_env: building 16 envs" in log.read_text(), 60,
+               "the collector to start building its envs", job)
+    t0 = time.monotonic()
+    os.kill(launcher.pid, signal.SIGTERM)
+    code = job.wait(launcher, 45)
+    took = time.monotonic() - t0
+    out = job.stdout(launcher)
+    assert code == 0, job.diagnostics()
+    assert "collector 0 (pid" in out and "is still starting: ending it now" in out, out
+    assert took < 15, (took, out)
+    assert job_segments(job.name) == []

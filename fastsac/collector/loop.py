@@ -13,7 +13,7 @@ from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.common.episodes import EpisodeTracker
 from fastsac.common.pacing import IdleBackoff
 from fastsac.common.seeds import collector_action_seed, collector_torch_seed, reset_seed
-from fastsac.common.stopping import StopSignal
+from fastsac.common.stopping import StopSignal, ending_at_once
 from fastsac.common.transition import TransitionBatch
 from fastsac.envs.registry import make_env
 from fastsac.errors import FatalError
@@ -46,7 +46,7 @@ class CollectorError(RuntimeError):
 
 
 class Collector:
-    def __init__(self, ctx, role: str):
+    def __init__(self, ctx, role: str, stop: StopSignal | None = None):
         self.role = role
         cfg, me = ctx.cfg, ctx.me
         self.cfg, self.cid, self.ao = cfg, me.collector_id, cfg.trainer.async_options
@@ -60,9 +60,12 @@ class Collector:
         # Another machine of the job (node_rank > 0) steps other global env ids and other action streams:
         # the same collector id on two machines must not replay the same episodes.
         self.node_rank = cfg.distributed.node_rank
-        self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed,
-                            first_env_id=me.env_first + machine_env_offset(cfg),
-                            max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
+        # building the envs can take a minute (8k MuJoCo envs, a large EnvPool pool) and creates
+        # nothing shared yet: a stop ends it at once (the launcher signals a collector still starting)
+        with ending_at_once(stop or StopSignal()):
+            self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed,
+                                first_env_id=me.env_first + machine_env_offset(cfg),
+                                max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
         self.env_first, self.n = me.env_first, me.env_count
         env = self.env
         spec = shm.RingSpec(num_envs=self.n, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,

@@ -58,7 +58,7 @@ def _run(argv: list[str] | None) -> int:
     from fastsac.run.torch_runtime import configure_torch
     from fastsac.shm_layout import ShmLayoutError
     configure_torch(process_setup.torch_threads(ctx))
-    return process_setup.build_and_run(role, lambda: Collector(ctx, role), (ConfigError,), (ShmLayoutError,))
+    return process_setup.build_and_run(role, lambda stop: Collector(ctx, role, stop), (ConfigError,), (ShmLayoutError,))
 
 
 if __name__ == "__main__":

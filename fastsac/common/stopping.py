@@ -3,12 +3,31 @@
 SIGTERM and SIGINT (and SIGHUP for the launcher) only record the signal; each loop checks the
 flag between steps, finishes what it is doing and stops in order (a final checkpoint, a clean
 unlink). The launcher also takes the signals one by one: a second one escalates its stop.
+
+While a process holds nothing a graceful stop would keep (a collector building its envs: a
+minute for a large EnvPool pool, all inside one C call that holds a Python handler off),
+`ending_at_once` gives the stop signals back their default action, so a stop ends it at once.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def ending_at_once(stop: "StopSignal", signals: tuple[int, ...] = STOP_SIGNALS):
+    """Inside: a stop signal ends the process at once (default action); a stop that came before
+    ends it on entry. Outside: back to `stop`'s handling."""
+    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in signals}
+    try:
+        if stop.requested:
+            signal.raise_signal(stop.signum)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StopSignal:

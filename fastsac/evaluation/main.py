@@ -38,7 +38,7 @@ def _run(argv: list[str] | None) -> int:
     from fastsac.run.torch_runtime import configure_torch
     from fastsac.shm_layout import ShmLayoutError
     configure_torch(process_setup.torch_threads(ctx))
-    return process_setup.build_and_run(ROLE, lambda: Evaluator(ctx, ROLE), (ConfigError,), (ShmLayoutError,))
+    return process_setup.build_and_run(ROLE, lambda stop: Evaluator(ctx, ROLE), (ConfigError,), (ShmLayoutError,))
 
 
 if __name__ == "__main__":

@@ -114,6 +114,19 @@ class Supervisor:
             self.ctl.request_stop(code)
             self.stop_requested_at = time.monotonic()
             self.stop_deadline = self.stop_requested_at + self.ao.stop_timeout_s
+            self.end_starting_collectors()
+
+    def end_starting_collectors(self) -> None:
+        """On a stop, a collector that has not started stepping holds nothing (its envs are still
+        being built, or it waits for the learner; committed ring slots live in shared memory):
+        SIGTERM ends it at once instead of after a construction that may take a minute."""
+        for c in self.collectors:
+            if c.manual or c.proc is None or c.proc.poll() is not None:
+                continue
+            rec = self.ctl.collector(c.plan.collector_id)
+            if rec["pid"] != c.proc.pid or rec["state"] == shm.ProcState.STARTING:
+                say(f"{c.name} (pid {c.proc.pid}) is still starting: ending it now (it holds no data yet)")
+                os.kill(c.proc.pid, signal.SIGTERM)
 
     def escalate(self, why: str) -> None:
         if self.escalated_at is None:

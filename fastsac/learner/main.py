@@ -60,7 +60,7 @@ def _run(argv: list[str] | None) -> int:
     else:
         # the single learner never loads torch.distributed
         from fastsac.learner.loop import Learner
-    return process_setup.build_and_run(ROLE, lambda: Learner(ctx), (ConfigError, CheckpointError), failures)
+    return process_setup.build_and_run(ROLE, lambda stop: Learner(ctx), (ConfigError, CheckpointError), failures)
 
 
 if __name__ == "__main__":

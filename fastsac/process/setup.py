@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from fastsac.common.stopping import StopSignal
 from fastsac.config import Config, ConfigError, load_config
@@ -110,16 +110,18 @@ def start(role: str, parser: argparse.ArgumentParser, argv: list[str] | None) ->
     return ProcessContext(args=args, cfg=cfg, plan=plan, me=me, effective=effective)
 
 
-def build_and_run(role: str, build, usage_errors: tuple = (), failure_errors: tuple = ()) -> int:
+def build_and_run(role: str, build: Callable[[StopSignal], Any], usage_errors: tuple = (),
+                  failure_errors: tuple = ()) -> int:
     """Construct a process's loop, run it until it stops, always close it.
 
     Construction errors end the process (FatalError): `usage_errors` (bad config, unusable
     checkpoint) with exit code 2, `failure_errors` (e.g. a segment that cannot be attached) with 1.
-    SIGTERM/SIGINT handlers are installed before construction, so a stop during start-up counts.
+    SIGTERM/SIGINT handlers are installed before construction, so a stop during start-up counts;
+    `build(stop)` may hand them back for a phase that holds nothing (stopping.ending_at_once).
     """
     stop = StopSignal().install()
     try:
-        loop = build()
+        loop = build(stop)
     except usage_errors as exc:
         raise FatalError(f"config error: {exc}" if isinstance(exc, ConfigError) else str(exc), EXIT_USAGE,
                          role) from None

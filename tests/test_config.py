@@ -203,6 +203,8 @@ def test_every_entry_point_loads_strictly(tmp_path, module, text, fragment):
      "trainer.async_options.learner_numa_node: 0 contradicts trainer.async_options.numa_binding: 'off'"),
     ({"trainer": {"async_options": {"placement": "colocate"}}}, ["trainer.async_options.numa_binding=off"],
      "trainer.async_options.placement: 'colocate' contradicts trainer.async_options.numa_binding: 'off'"),
+    ({"env": {"num_envs": 8}, "trainer": {"async_options": {"num_collectors": 2, "manual_collectors": [0, 0]}}}, [],
+     "trainer.async_options.manual_collectors[1]: collector 0 is listed twice ([0, 0]); list each collector id once"),
 ])
 def test_range_and_contradiction_errors(data, overrides, expected):
     with pytest.raises(ConfigError) as info:

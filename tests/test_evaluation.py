@@ -214,3 +214,15 @@ def test_a_bound_plan_gives_the_evaluator_its_own_cpus_from_the_learners(tmp_pat
     plan = plan_job(cfg, discover_topology(two_nodes(tmp_path / "two2", gpu_node=None)), "job.yaml",
                     numactl_path=None)
     assert plan.evaluator.cpus == plan.learner.cpus and any("shares the learner's CPUs" in n for n in plan.notes)
+
+
+def test_eval_cpus_without_binding_is_said_in_the_plan_not_dropped_silently(tmp_path):
+    from fake_sysfs import two_nodes
+
+    from fastsac.machine.plan import plan_job
+    from fastsac.machine.topology import discover_topology
+    cfg = config_from_dict({"device": "cpu", "env": {"num_envs": 8}, "eval": {"interval": 10, "cpus": 64},
+                            "trainer": {"async_options": {"numa_binding": "off"}}})
+    plan = plan_job(cfg, discover_topology(two_nodes(tmp_path / "two", gpu_node=None)), "job.yaml",
+                    numactl_path=None)
+    assert any(n.startswith("eval.cpus=64 is not applied: without binding") for n in plan.notes), plan.notes

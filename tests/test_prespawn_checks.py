@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import job_segments, tiny_config
 
-from fastsac.launch import preflight
+from fastsac.launch import memory_check, preflight
 from fastsac.shm_layout import MAX_COLLECTORS
 
 AO = "trainer.async_options"
@@ -56,9 +56,9 @@ CASES = [
     ("seed written 1e23 (YAML text)", ["seed=1e23"], ["seed: '1e23' is a str; expected an integer"]),
     ("replay buffer larger than memory", ["device=cpu", "algo.buffer_size=1000000000000"],
      ["algo.buffer_size: 1000000000000 slots per env: the replay buffer for env.num_envs 8 and the rest of the "
-      "learner's state need", "MemAvailable", "lower algo.buffer_size or env.num_envs"]),
+      "job need", "MemAvailable", "lower algo.buffer_size or env.num_envs"]),
     ("critics larger than memory", ["device=cpu", "algo.critic_hidden_dim=1000000"],
-     ["algo.critic_hidden_dim: 1000000: the twin critics and their targets and the rest of the learner's state need",
+     ["algo.critic_hidden_dim: 1000000: the twin critics and their targets and the rest of the job need",
       "shrink the critics (algo.critic_hidden_dim"]),
     ("int64 overflow", ["algo.buffer_size=100000000000000000000"],
      ["algo.buffer_size: 100000000000000000000 is out of range; expected a value >= 2 and <= 9223372036854775807"]),
@@ -66,6 +66,12 @@ CASES = [
      [f"{AO}.heartbeat_timeout_s: 0.001 is out of range; expected a value >= 2.0"]),
     ("stop timeout below the minimum", [f"{AO}.stop_timeout_s=0.5"],
      [f"{AO}.stop_timeout_s: 0.5 is out of range; expected a value >= 5.0"]),
+    ("training envs larger than memory", ["env.num_envs=10000000000"],
+     ["env.num_envs: 10000000000 envs of 'pendulum' and the rest of the job need", "MemAvailable",
+      "bytes per env (fastsac's table for the built-in task) the largest env.num_envs that fits is"]),
+    ("eval envs larger than memory", ["eval.interval=10", "eval.episodes=10000000000", "eval.num_envs=10000000000"],
+     ["eval.num_envs: 10000000000 eval envs of 'pendulum' and the rest of the job need",
+      "the largest eval.num_envs that fits is"]),
     ("rings larger than /dev/shm", [f"{AO}.ring_capacity=1000000000"],
      [f"{AO}.ring_capacity: 1000000000 slots per ring: the shared-memory segments of 1 collector(s) need",
       "/dev/shm has", "lower trainer.async_options.ring_capacity"]),
@@ -148,7 +154,7 @@ def test_replay_buffer_bytes_match_the_real_buffer():
         buf = ReplayBuffer(num_envs=E, buffer_size=S, obs_dim=od, critic_obs_dim=cd, act_dim=ad, n_steps=n,
                            gamma=0.99, device="cpu")
         real = sum(v.nbytes for v in vars(buf).values() if isinstance(v, torch.Tensor))
-        assert preflight.replay_buffer_nbytes(E, S, od, cd, ad, n) == real, (E, S, od, cd, ad, n)
+        assert memory_check.replay_buffer_nbytes(E, S, od, cd, ad, n) == real, (E, S, od, cd, ad, n)
 
 
 def test_gpu_count_follows_cuda_visible_devices(monkeypatch):

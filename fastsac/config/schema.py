@@ -360,6 +360,9 @@ def _check_cross_fields(cfg: Config) -> None:
         if not 0 <= cid < ao.num_collectors:
             raise ConfigError(f"trainer.async_options.manual_collectors[{i}]: {cid} is not a collector id; "
                               f"valid ids are 0..{ao.num_collectors - 1}")
+        if cid in ao.manual_collectors[:i]:
+            raise ConfigError(f"trainer.async_options.manual_collectors[{i}]: collector {cid} is listed twice "
+                              f"({ao.manual_collectors}); list each collector id once")
     _check_eval(cfg)
     _check_distributed(cfg)
     # numpy-free at import: fastsac.envs loads numpy, and a config is read before a process binds itself

@@ -20,7 +20,7 @@ from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
 from fastsac.config import Config, ConfigError, config_to_yaml, load_config
 from fastsac.envs.registry import env_spec
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from fastsac.launch import preflight
+from fastsac.launch import memory_check, preflight
 from fastsac.launch.status import main as status_main
 from fastsac.launch.supervisor import Supervisor, run_numa_check
 from fastsac.machine.plan import format_plan, plan_job, plan_to_json
@@ -86,7 +86,7 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool, trains: 
         check_fresh_run_dir(cfg.run_path, cfg.resume)
     preflight.check_devices(cfg, [p.device for p in plan.learners] if plan is not None else ())
     preflight.check_master_port(cfg)
-    preflight.check_memory(cfg, spec)
+    memory_check.check_memory(cfg, spec, plan)
     if uses_segments:
         preflight.check_shared_memory(cfg, plan, spec)
 

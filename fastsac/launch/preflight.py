@@ -7,9 +7,8 @@ Each raises ConfigError (exit code 2) naming the key, the value and what would b
   devices        a cuda device exists: cheaply from the driver's device nodes, then (only when a
                  GPU is there and cuda was asked for) confirmed by torch in a subprocess, so a
                  CPU-only torch build is caught too. The launcher itself never imports torch;
-  memory         a learner on the CPU: the replay buffer plus the networks' weights fit
-                 MemAvailable (and the cgroup's memory limit). On CUDA it is not checked: the device's free memory is not known
-                 without initialising CUDA;
+  memory         the whole job (processes, training and eval envs, a CPU learner's replay buffer
+                 and networks): fastsac.launch.memory_check;
   shared memory  every ring and weight snapshot of the job (plus its control block) fits the free
                  space of /dev/shm.
 Torch-free; numpy only through fastsac.shm_layout, imported by the shared-memory check alone.
@@ -25,7 +24,7 @@ import sys
 from pathlib import Path
 
 from fastsac import shm_layout as shm
-from fastsac.algo.policy_layout import critic_widths, policy_flat_numel
+from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.config import Config, ConfigError
 
 AO = "trainer.async_options"
@@ -42,7 +41,7 @@ RUN_DIR_HEADROOM = 256
 TORCH_PROBE_TIMEOUT_S = 300  # importing torch + CUDA init; minutes only on a cold, slow disk
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB"
 
 
@@ -241,91 +240,6 @@ def check_master_port(cfg: Config) -> None:
                               "port (distributed.master_port or $MASTER_PORT) or stop what holds it") from None
 
 
-# --------------------------------------------------------------------------- memory
-
-def replay_buffer_nbytes(num_envs: int, buffer_size: int, obs_dim: int, critic_obs_dim: int, act_dim: int,
-                         n_steps: int) -> int:
-    """Bytes of fastsac.algo.replay_buffer.ReplayBuffer's tensors (a test checks it against the real
-    buffer). Python ints: no overflow, whatever the config asks for."""
-    E, S = num_envs, buffer_size
-    K = max(max(1, S // 4), n_steps + 1)   # final-observation slots per row, as ReplayBuffer sizes them
-    per_entry = 4 * (obs_dim + critic_obs_dim + act_dim + 1) + 2 + 8   # f32 obs/critic/act/reward, 2 bools, final_slot
-    per_final = 4 * (obs_dim + critic_obs_dim) + 8                     # final obs (+ critic), final_owner
-    return E * S * per_entry + E * K * per_final + 3 * 8 * E + 4 * (n_steps + 1)  # final_count/pos/start, gammas
-
-
-def network_weights_nbytes_lower_bound(obs_dim: int, critic_obs_dim: int, act_dim: int, a) -> tuple[int, int]:
-    """(critic, actor) bytes the learner holds at least: the twin critics and their target copy
-    (Linear weights only: no biases, gradients or optimizer moments), and the actor's flat vector."""
-    widths = critic_widths(a)
-    ins = [(critic_obs_dim or obs_dim) + act_dim, *widths]
-    q_net = sum(i * o for i, o in zip(ins, [*widths, a.num_atoms]))
-    return 4 * 4 * q_net, 4 * policy_flat_numel(obs_dim, act_dim, a)
-
-
-def _cgroup_memory_left() -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2); None without a limit."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            rel = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
-        if rel is None:
-            return None
-        d = Path("/sys/fs/cgroup") / rel.lstrip("/")
-        limit = (d / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return max(0, int(limit) - int((d / "memory.current").read_text()))
-    except (OSError, ValueError):
-        return None
-
-
-def available_memory() -> tuple[int, str] | None:
-    """(bytes a new allocation can get without swapping, where that number comes from)."""
-    try:
-        with open("/proc/meminfo") as f:
-            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M)
-    except OSError:
-        m = None
-    found = [(int(m.group(1)) * 1024, "/proc/meminfo MemAvailable")] if m else []
-    left = _cgroup_memory_left()
-    if left is not None:
-        found.append((left, "the cgroup's memory.max - memory.current"))
-    return min(found) if found else None
-
-
-def learner_runs_on_cpu(cfg: Config) -> bool:
-    return cfg.device == "cpu" or (cfg.device == "auto" and visible_gpu_count() == 0)
-
-
-def check_memory(cfg: Config, spec) -> None:
-    """The replay buffer and the networks (on the learner device) must fit: on the CPU, in the
-    memory available now. The message names the key of the biggest part."""
-    if not learner_runs_on_cpu(cfg):
-        return
-    a = cfg.algo
-    replay = replay_buffer_nbytes(cfg.env.num_envs, a.buffer_size, spec.obs_dim, spec.critic_obs_dim, spec.act_dim,
-                                  a.num_steps)
-    critic, actor = network_weights_nbytes_lower_bound(spec.obs_dim, spec.critic_obs_dim, spec.act_dim, a)
-    need = replay + critic + actor
-    avail = available_memory()
-    if avail is None or need <= avail[0]:
-        return
-    have, source = avail
-    parts = f"replay buffer {_gib(replay)}, critics at least {_gib(critic)}, actor at least {_gib(actor)}"
-    if replay >= max(critic, actor):
-        head = f"algo.buffer_size: {a.buffer_size} slots per env: the replay buffer for env.num_envs {cfg.env.num_envs}"
-        fix = "lower algo.buffer_size or env.num_envs"
-    elif critic >= actor:
-        head = f"algo.critic_hidden_dim: {a.critic_hidden_dim}: the twin critics and their targets"
-        fix = "shrink the critics (algo.critic_hidden_dim, algo.critic_num_layers, algo.num_atoms)"
-    else:
-        head = f"algo.actor_hidden_dim: {a.actor_hidden_dim}: the actor"
-        fix = "shrink the actor (algo.actor_hidden_dim, algo.actor_num_layers)"
-    raise ConfigError(f"{head} and the rest of the learner's state need {need:,} bytes ({_gib(need)}: {parts}) "
-                      f"on the learner's CPU, but {source} is {have:,} bytes ({_gib(have)}); {fix}, or train on "
-                      "a GPU")
-
-
 # --------------------------------------------------------------------------- /dev/shm
 
 def _job_segment_bytes(shm, job: str) -> int:
@@ -364,7 +278,7 @@ def check_shared_memory(cfg: Config, plan, spec) -> None:
     if need <= free:
         return
     at_least = "" if exact else "at least "
-    sizes = f"{at_least}{need:,} bytes ({_gib(need)}: rings {_gib(rings)}, weight snapshots {_gib(snapshots)})"
+    sizes = f"{at_least}{need:,} bytes ({gib(need)}: rings {gib(rings)}, weight snapshots {gib(snapshots)})"
     if rings >= snapshots:
         head = f"{AO}.ring_capacity: {cap} slots per ring"
         fix = f"lower {AO}.ring_capacity (or env.num_envs)"
@@ -372,5 +286,5 @@ def check_shared_memory(cfg: Config, plan, spec) -> None:
         head = f"algo.actor_hidden_dim: {cfg.algo.actor_hidden_dim}"
         fix = "shrink the actor (algo.actor_hidden_dim, algo.actor_num_layers)"
     raise ConfigError(f"{head}: the shared-memory segments of {n} collector(s) need {sizes} but {shm.SHM_DIR} has "
-                      f"{free:,} bytes ({_gib(free)}) free; {fix}, free space in {shm.SHM_DIR}, or give the "
+                      f"{free:,} bytes ({gib(free)}) free; {fix}, free space in {shm.SHM_DIR}, or give the "
                       "container more (docker run --shm-size=...)")

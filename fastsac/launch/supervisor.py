@@ -25,6 +25,7 @@ from fastsac.common.pacing import restart_delay
 from fastsac.common.stopping import StopSignal
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.launch.evaluator_watch import EvaluatorWatch
+from fastsac.machine import memory
 from fastsac.machine.learner_plan import describe_learner
 from fastsac.machine.plan import plan_to_json
 from fastsac.machine.topology import format_cpulist
@@ -32,6 +33,7 @@ from fastsac.process.setup import ALLOWED_CPUS_ENV
 from fastsac.run.numa_check import read_report, report_dir, report_path
 
 POLL_S = 0.1
+RSS_SAMPLE_S = 1.0   # how often a running collector's resident memory is read (for an OOM report)
 KILL_GRACE_S = 5.0   # between the escalation's SIGTERM and SIGKILL
 
 
@@ -52,6 +54,11 @@ class Child:
     exit_code: int | None = None
     history: list = field(default_factory=list)
     hung_killed: bool = False   # we SIGKILLed this incarnation for a stale heartbeat
+    killed_by_us: bool = False  # we SIGKILLed this incarnation (hung, or dropped by the learner)
+    oom_counts: dict = field(default_factory=dict)   # the OOM-kill counters when it was started
+    rss: int | None = None      # its resident memory at the last sample
+    rss_at: float = 0.0         # time.monotonic() of that sample
+    failure: str | None = None  # why it was not restarted, when not the usual "failed N time(s)"
     faults_seen: int = 0        # the learner's drop count of this collector, as last acted on
 
 
@@ -89,8 +96,9 @@ class Supervisor:
             child.proc = subprocess.Popen(child.plan.argv, stdout=logf, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         child.exit_code = None
-        child.hung_killed = False
+        child.hung_killed = child.killed_by_us = False
         child.started_at = time.monotonic()
+        child.oom_counts, child.rss = memory.oom_kill_counts(), None   # the children share our cgroup
         if child.plan.role == "collector":
             self.ctl.supervisor(child.plan.collector_id).update(
                 launched_pid=child.proc.pid, launched_ns=time.monotonic_ns(), restarts=child.restarts,
@@ -209,8 +217,8 @@ class Supervisor:
                 self._watch_collector(c, now)
                 if c.exit_code is not None and c.restart_at is None and self.stop_deadline is None \
                         and c.history and c.history[-1] == "failed":
-                    result = (EXIT_FAILURE, f"{c.name} failed {c.restarts + 1} time(s) (max_restarts="
-                                            f"{self.ao.max_restarts}); see {c.log_path}")
+                    result = (EXIT_FAILURE, c.failure or f"{c.name} failed {c.restarts + 1} time(s) (max_restarts="
+                                                         f"{self.ao.max_restarts}); see {c.log_path}")
                     self.ctl.supervisor(c.plan.collector_id)["state"] = int(shm.SupervisorState.GAVE_UP)
                     self.request_stop(result[1], shm.StopReason.COLLECTOR_FAILED)
             if self.evaluator:
@@ -257,7 +265,7 @@ class Supervisor:
             return
         say(f"{child.name} (pid {child.proc.pid}) is hung: no heartbeat for {age:.1f}s (heartbeat_timeout_s="
             f"{self.ao.heartbeat_timeout_s:g}); killing it (see {child.log_path})")
-        child.hung_killed = True
+        child.hung_killed = child.killed_by_us = True
         child.proc.kill()
         try:
             child.proc.wait(KILL_GRACE_S)  # SIGKILL works even on a stopped process; reap it now
@@ -277,7 +285,28 @@ class Supervisor:
         if self.stop_deadline is None:
             say(f"{c.name} (pid {c.proc.pid}) was dropped by the learner ({ing['fault']}); killing it for a restart "
                 f"(see {self.learners[c.plan.learner_index].log_path})")
+            c.killed_by_us = True
             c.proc.kill()
+
+    def _sample_rss(self, c: Child, now: float) -> None:
+        if now - c.rss_at >= RSS_SAMPLE_S:
+            c.rss, c.rss_at = memory.resident_bytes(c.proc.pid), now
+
+    def _out_of_memory(self, c: Child, rc: int) -> bool:
+        """A collector that died by a SIGKILL not ours while an OOM-kill counter rose was killed
+        for memory: restarting it would repeat the death, so the job stops (exit 1) saying so."""
+        if rc != -signal.SIGKILL or c.killed_by_us:
+            return False
+        evidence = memory.oom_evidence(c.oom_counts, memory.oom_kill_counts())
+        if evidence is None:
+            return False
+        rss = f"; {c.rss / 2**30:.2f} GiB resident at the last sample" if c.rss else ""
+        c.failure = (f"{c.name} was killed by the kernel's OOM killer ({evidence}{rss}; it stepped "
+                     f"{c.plan.env_count} envs): not restarting it into the same death. Lower env.num_envs "
+                     f"(now {self.cfg.env.num_envs}) or give the job more memory; see {c.log_path}")
+        say(c.failure)
+        c.history.append("failed")
+        return True
 
     def restart_pending(self, c: Child, now: float, stopping: bool, what: str | None = None) -> bool:
         """A restart of c is scheduled: start it once its backoff is over (never while the job stops).
@@ -301,6 +330,7 @@ class Supervisor:
             return
         rc = c.proc.poll()
         if rc is None:
+            self._sample_rss(c, now)
             sup = self.ctl.supervisor(c.plan.collector_id)
             rec = self.ctl.collector(c.plan.collector_id)
             if rec["pid"] == c.proc.pid:
@@ -312,6 +342,8 @@ class Supervisor:
             return
         c.exit_code = rc
         if self.stop_deadline is not None:
+            return
+        if self._out_of_memory(c, rc):
             return
         if c.restarts and now - c.started_at >= self.ao.restart_reset_s:
             # It ran healthily for a while: an occasional crash in a days-long job must not use up

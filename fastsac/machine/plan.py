@@ -465,9 +465,12 @@ def _evaluator_cpus(cfg: Config, method: str, learner_cpus: tuple[int, ...], not
     otherwise it shares them (a note). Binding off: every allowed CPU, like every process."""
     if cfg.eval.interval <= 0 or not cfg.trainer.asynchronous:
         return None, learner_cpus
-    if method == "off":
-        return learner_cpus, learner_cpus
     k = cfg.eval.cpus
+    if method == "off":
+        if k > 1:
+            notes.append(f"eval.cpus={k} is not applied: without binding (numa_binding off) the evaluator, like "
+                         f"every process, may run on every allowed CPU ({format_cpulist(learner_cpus)})")
+        return learner_cpus, learner_cpus
     if len(learner_cpus) > k:
         return learner_cpus[-k:], learner_cpus[:-k]
     notes.append(f"the evaluator shares the learner's CPUs ({format_cpulist(learner_cpus)}): eval.cpus={k} would "

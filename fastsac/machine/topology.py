@@ -6,7 +6,8 @@ Pure functions returning frozen dataclasses, torch-free and numpy-free: the laun
 Sources (all read once, at discovery):
   <sysfs>/devices/system/node/node<N>/cpulist       CPUs of node N (cpulist syntax, holes allowed)
   <sysfs>/devices/system/node/node<N>/distance      SLIT row (optional)
-  <sysfs>/devices/system/node/node<N>/meminfo       "Node N MemTotal: ... kB" (optional)
+  <sysfs>/devices/system/node/node<N>/meminfo       "Node N MemTotal/MemFree/Inactive(file): ... kB"
+                                                    (optional)
   <sysfs>/devices/system/node/has_memory            nodes with memory (optional; absent = all)
   <sysfs>/devices/system/cpu/cpu<C>/topology/core_cpus_list (or thread_siblings_list)
                                                     SMT siblings (optional), so CPU slices are
@@ -116,6 +117,7 @@ class NumaNode:
     mem_allowed: bool = True
     has_memory: bool = True
     mem_total_kb: int | None = None
+    mem_available_kb: int | None = None   # MemFree + Inactive(file) at discovery (fastsac.machine.memory)
     distances: tuple[int, ...] = ()
 
     @property
@@ -350,12 +352,12 @@ def _group_cores(root: Path, cpus: Sequence[int]) -> tuple[tuple[int, ...], ...]
     return tuple(out)
 
 
-def _mem_total_kb(path: Path) -> int | None:
-    text = _read(path)
-    if text is None:
-        return None
-    m = re.search(r"MemTotal:\s+(\d+)\s*kB", text)
-    return int(m.group(1)) if m else None
+def _node_meminfo_kb(path: Path) -> tuple[int | None, int | None]:
+    """(MemTotal, MemFree + Inactive(file)) of a node's meminfo, kB; None where a line is missing."""
+    text = _read(path) or ""
+    values = {k: int(v) for k, v in re.findall(r"Node \d+ (\S+):\s+(\d+)\s*kB", text)}
+    free, cache = values.get("MemFree"), values.get("Inactive(file)")
+    return values.get("MemTotal"), (free + (cache or 0)) if free is not None else None
 
 
 class _FromEnv:
@@ -458,11 +460,12 @@ def discover_topology(sysfs: str | os.PathLike | None = None, *,
                     distances = tuple(int(x) for x in dist_text.split())
                 except ValueError:
                     pass
+        meminfo = _node_meminfo_kb(node_dir / f"node{nid}" / "meminfo") if numa_supported else (None, None)
         nodes.append(NumaNode(
             id=nid, cpus=usable_cpus, all_cpus=node_cpus[nid],
             cores=_group_cores(root, usable_cpus),
             mem_allowed=nid in mems, has_memory=nid in with_memory,
-            mem_total_kb=_mem_total_kb(node_dir / f"node{nid}" / "meminfo") if numa_supported else None,
+            mem_total_kb=meminfo[0], mem_available_kb=meminfo[1],
             distances=distances))
 
     # GPU node.

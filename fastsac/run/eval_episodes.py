@@ -28,16 +28,21 @@ from fastsac.envs.registry import make_env
 STEP_CALLBACK_S = 0.1   # how often on_step runs (heartbeat, stop check) during the episodes
 
 
+def eval_env_count(episodes: int, num_envs: int) -> int:
+    """The eval envs built for `episodes` over at most `num_envs`: never more envs than episodes."""
+    return max(1, min(num_envs, episodes))
+
+
 def quotas(episodes: int, num_envs: int) -> list[int]:
-    """Episodes per eval env: episodes split over min(num_envs, episodes) envs, the first ones one more."""
-    n = max(1, min(num_envs, episodes))
+    """Episodes per eval env: episodes split over eval_env_count envs, the first ones one more."""
+    n = eval_env_count(episodes, num_envs)
     base, extra = divmod(episodes, n)
     return [base + (1 if j < extra else 0) for j in range(n)]
 
 
 def make_eval_env(cfg, num_threads: int = 1):
     """The eval envs: the training task, min(eval.num_envs, eval.episodes) of them, eval seed."""
-    n = len(quotas(cfg.eval.episodes, cfg.eval.num_envs))
+    n = eval_env_count(cfg.eval.episodes, cfg.eval.num_envs)
     return make_env(cfg.env.name, n, seed=resolve_eval_seed(cfg), max_episode_steps=cfg.env.max_episode_steps,
                     num_threads=num_threads)
 

@@ -30,7 +30,7 @@ from fastsac.config import SEED_MAX
 from fastsac.envs.registry import make_env
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
 from fastsac.run.checkpoint import CheckpointError
-from fastsac.run.eval_episodes import quotas, run_eval_episodes
+from fastsac.run.eval_episodes import eval_env_count, run_eval_episodes
 from fastsac.run.torch_runtime import configure_torch
 from fastsac.tools import video
 from fastsac.tools.encoder import VIDEO_EXTRA_HINT
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         policy, env_name, max_steps = load_for_env(args.checkpoint, args.env_name)
         cfg = policy.cfg
         seed = args.seed if args.seed is not None else eval_seed(cfg.seed, cfg.trainer.async_options.num_collectors)
-        env = make_env(env_name, len(quotas(args.episodes, MAX_ENVS)), seed=seed, max_episode_steps=max_steps)
+        env = make_env(env_name, eval_env_count(args.episodes, MAX_ENVS), seed=seed, max_episode_steps=max_steps)
         try:
             recorder = video.open_video(env, env_name, out, gl) if out is not None else None
         except BaseException:

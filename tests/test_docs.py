@@ -1,4 +1,4 @@
-"""Docs that must stay true: the config-key table and the README's two commands."""
+"""Docs that must stay true: the config-key table, the README's two commands, the fault table's tests."""
 import re
 from pathlib import Path
 
@@ -23,3 +23,14 @@ def test_ci_runs_the_readme_test_command():
     # the README's two commands, in the README's order: the tests pass after a training run
     assert "scripts/train.sh configs/quickstart.yaml" in ci and "scripts/test.sh" in ci
     assert ci.index("scripts/train.sh configs/quickstart.yaml") < ci.index("scripts/test.sh"), ci
+
+
+def test_every_test_the_fault_table_names_exists():
+    text = (REPO / "docs" / "operations.md").read_text()
+    table = text[text.index("### Fault table"):text.index("### Not covered by a test")]
+    named = set(re.findall(r"\b(test_[a-z0-9_]+)", table))
+    defined = {m for path in (REPO / "tests").glob("test_*.py")
+               for m in re.findall(r"^def (test_[a-z0-9_]+)", path.read_text(), re.M)}
+    modules = {p.stem for p in (REPO / "tests").glob("test_*.py")}
+    missing = sorted(n for n in named if n not in defined and n not in modules)
+    assert not missing, f"the fault table names tests that do not exist: {missing}"

@@ -43,7 +43,8 @@ def train_sync(cfg: Config) -> int:
     obs, critic_obs = env.reset(reset_seed(cfg.seed, start_env_steps=env_steps))
     rng = np.random.default_rng(sync_action_seed(cfg.seed, start_it))
     cfg.run_path.mkdir(parents=True, exist_ok=True)
-    telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n)
+    telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n,
+                          episode_steps=spec.max_episode_steps)
     log = telemetry.metrics
     stop = StopSignal().install()   # SIGTERM/SIGINT: finish the iteration, final checkpoint, exit 0
     episodes = EpisodeTracker(n)
@@ -89,13 +90,14 @@ def train_sync(cfg: Config) -> int:
     # every run logs its final metrics, however short it was or however it stopped
     if telemetry.has_news(env_steps, agent.num_updates_done):
         telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
-    exit_code = 0
+    exit_code, path = 0, None
     try:
         path = run_state.save(cfg, spec, agent, env_steps)
         log.line(f"final checkpoint: {path}")
     except run_state.CheckpointSaveError as exc:  # the run did not end whole: exit 1 with the reason
         print(f"fastsac sync: error: the final checkpoint failed: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
+    telemetry.summary(env_steps, agent.num_updates_done, path)
     telemetry.close()
     evaluator.close()
     env.close()

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Set everything up (venv, CPU torch, test + mujoco + envpool + export + video + bench extras, numactl where possible), then run the tests.
+# Set everything up (venv, CPU torch, test + mujoco + envpool + export + video + bench + wandb extras, numactl where possible), then run the tests.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh "test,mujoco,envpool,export,video,bench"
+scripts/bootstrap.sh "test,mujoco,envpool,export,video,bench,wandb"
 # FASTSAC_NO_SYSTEM_PACKAGES=1: no apt-get and no kernel download (the tests that need them skip, saying why)
 no_system="${FASTSAC_NO_SYSTEM_PACKAGES:-}"
 if [ "$no_system" != 1 ] && ! command -v numactl >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,9 +1,13 @@
 """What every run reports, and the seeds a resumed run re-resets its envs with."""
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 from e2e_helpers import launch, scalar_tags, tiny_config
+from test_evaluation import with_eval
 
 from fastsac.common.seeds import reset_seed
 from fastsac.envs.pendulum import PendulumSwingUp
@@ -77,3 +81,66 @@ def test_a_run_that_ends_right_after_a_log_writes_no_second_point_at_that_step(t
     steps = [e.step for e in acc.Scalars("perf/env_steps_per_s")]
     assert len(steps) == len(set(steps)), steps
     assert all(e.value > 0 for e in acc.Scalars("perf/env_steps_per_s")), acc.Scalars("perf/env_steps_per_s")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_says_when_it_started_how_far_it_is_and_sums_up_at_the_end(tmp_path, job_name, mode):
+    cfg = with_eval(tiny_config(tmp_path, job_name, env={"num_envs": 8}, logging={"interval": 5},
+                                trainer={"num_iterations": 30, "asynchronous": mode == "async"}),
+                    interval=10, episodes=2, num_envs=2)
+    result = launch(cfg)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out, run = result.stdout, tmp_path / "run"
+    assert re.search(r"^run started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", out, re.M), out
+    # pendulum episodes are 200 steps: none ended in 30 iterations, and the line says why
+    progress = [x for x in out.splitlines() if re.match(r"^\[\d+/30\] ", x)]
+    assert progress and all("return - (no episode ended yet; episodes are 200 steps)" in x for x in progress), out
+    assert re.search(r"\| \d+s, ETA \d+s$", progress[-1]), progress[-1]
+    assert any(" | eval -" in x for x in progress), out                 # the eval return, once known
+    summary = out[out.index("run summary: "):]
+    for needed in ("240 env steps", "eval return (deterministic, 2 episodes): final", "best",
+                   f"checkpoint: {run / 'checkpoints'}", f"tensorboard --logdir {run / 'tb'}",
+                   f"fastsac-eval {run}", f"fastsac-export {run} --format onnx {run / 'actor.onnx'}"):
+        assert needed in summary, (needed, summary)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    tags = scalar_tags(run)
+    file_tags = {k for r in rows for k in r} - {"env_steps", "wall_time"}
+    assert file_tags == set(tags), (sorted(file_tags ^ set(tags)))      # the same names as TensorBoard
+    assert [r["eval/mean_return"] for r in rows if "eval/mean_return" in r] == \
+        pytest.approx(tags["eval/mean_return"], rel=1e-6)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_weights_and_biases_gets_the_same_scalars_offline(tmp_path, job_name, mode):
+    pytest.importorskip("wandb", reason="logging.wandb needs the wandb extra (pip install 'fastsac[wandb]')")
+    cfg = with_eval(tiny_config(tmp_path, job_name, env={"num_envs": 8}, logging={"interval": 5},
+                                trainer={"num_iterations": 30, "asynchronous": mode == "async"}),
+                    interval=10, episodes=2, num_envs=2)
+    env = {**__import__("os").environ, "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}
+    result = launch(cfg, "logging.wandb.enabled=true", "logging.wandb.mode=offline", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, list((tmp_path / "run").rglob("*"))
+    # the offline run file holds one history record per logged row: each metric's name once per point
+    # (W&B's own reader of the file is internal; the names are plain strings in its protobuf records)
+    data = files[0].read_bytes()
+    tags = scalar_tags(tmp_path / "run")
+    for tag in ("perf/updates_per_s", "eval/mean_return", "perf/learn_pct"):
+        assert data.count(tag.encode()) >= len(tags[tag]) >= 1, (tag, data.count(tag.encode()), len(tags[tag]))
+
+
+@pytest.mark.process
+def test_weights_and_biases_without_its_extra_is_exit_2(tmp_path, job_name):
+    import subprocess
+    import sys
+    cfg = tiny_config(tmp_path, job_name)
+    code = ("import sys, importlib.util as u; real = u.find_spec; "
+            "u.find_spec = lambda n, *a: None if n == 'wandb' else real(n, *a); "
+            "from fastsac.launcher import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg), "logging.wandb.enabled=true"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "logging.wandb.enabled: true needs Weights & Biases" in proc.stderr, proc.stderr
+    assert "pip install 'fastsac[wandb]'" in proc.stderr and not (tmp_path / "run").exists()

@@ -259,3 +259,14 @@ def test_an_output_directory_that_takes_no_file_is_exit_2(pendulum, tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--video: cannot create a file next to '/proc/x.mp4'" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.process
+def test_filming_shows_progress_on_stderr(pendulum, tmp_path):
+    # before: 1000 frames took 104 s with no output at all
+    proc = evaluate(str(pendulum), "--episodes", "3", "--video", str(tmp_path / "v.mp4"),
+                    pre="import fastsac.tools.video as v; v.PROGRESS_S = 0.0")   # a line per frame
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("fastsac-eval: video: ")]
+    assert len(lines) == PENDULUM_STEPS, proc.stderr       # env 0's first episode only, not all three
+    assert lines[0].startswith(f"fastsac-eval: video: 1 frames of at most {PENDULUM_STEPS} in "), lines[0]

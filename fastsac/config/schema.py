@@ -140,11 +140,22 @@ class TrainerConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases (fastsac.run.wandb_sink; optional extra fastsac[wandb]): off by default."""
+    enabled: bool = _f(False, help="also log every scalar to W&B (needs pip install 'fastsac[wandb]')")
+    project: str = _f("fastsac", help="W&B project")
+    entity: str = _f("", help="W&B entity (user or team); '' = your default")
+    mode: Literal["online", "offline"] = _f("online", help="offline: write under run_dir/wandb, `wandb sync` later")
+    run_name: str = _f("", help="'' = the job_name")
+
+
+@dataclass
 class LoggingConfig:
     interval: int = _f(10, min=1, help="console + TensorBoard every N iterations")
     interval_s: float = _f(10.0, min=0.0, min_exclusive=True, help="and at least every this many seconds")
-    tensorboard: bool = _f(True)
+    tensorboard: bool = _f(True, help="TensorBoard files in run_dir/tb and the same scalars in run_dir/metrics.jsonl")
     console: bool = _f(True)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
@@ -541,7 +552,8 @@ def config_keys_markdown() -> str:
                 valid.append((">" if meta.get("min_exclusive") else ">=") + f" {meta['min']}")
             if meta.get("max") is not None:
                 valid.append(f"<= {meta['max']}")
-            rows.append(f"| `{path}` | {_type_name(tp)} | `{default!r}` | {', '.join(valid)} | {meta.get('help', '')} |")
+            cells = [f"`{path}`", _type_name(tp), f"`{default!r}`", ", ".join(valid), meta.get("help", "")]
+            rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")   # a | inside a cell
 
     walk(Config, "")
     return "\n".join(rows)

@@ -78,6 +78,7 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool, trains: 
     """
     preflight.check_run_dir(cfg)
     preflight.check_resume(cfg)
+    preflight.check_extras(cfg)
     # A fresh run never mixes with another run's checkpoints; --plan and --check-numa train
     # nothing and write no checkpoint, so an earlier run's files are no reason to refuse them.
     # (A second launch of a running job is told exactly that, later.)

@@ -16,6 +16,7 @@ Torch-free; numpy only through fastsac.shm_layout, imported by the shared-memory
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import re
 import socket
@@ -114,6 +115,16 @@ def check_run_dir(cfg: Config) -> None:
         what = "it" if probe == Path(real) else f"its nearest existing parent {str(probe)!r}"
         raise ConfigError(f"run_dir: {shown!r} is not writable ({what} is not a writable directory); choose "
                           "another run_dir")
+
+
+# --------------------------------------------------------------------------- optional extras
+
+def check_extras(cfg: Config) -> None:
+    """A feature the config turns on whose optional extra is not installed: exit 2 now, not a
+    learner that fails after the job started."""
+    if cfg.logging.wandb.enabled and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("logging.wandb.enabled: true needs Weights & Biases, which is not installed; install it "
+                          "with pip install 'fastsac[wandb]', or set logging.wandb.enabled=false")
 
 
 # --------------------------------------------------------------------------- resume

@@ -8,8 +8,9 @@ stops every rank with exit 2, naming the keys and both values.
 
 Each machine's own: where it writes and what it is called (job_name, run_dir), which of its
 checkpoints it resumes (only rank 0 reads one), its devices and its placement (numa keys,
-collectors and their learners, the evaluator's CPUs), its node_rank, and how its launcher
-supervises and logs (timeouts, restarts, console). Everything else must match.
+collectors and their learners), its node_rank, how its launcher supervises (timeouts,
+restarts), and what only rank 0 does (logging.*, checkpoint.*, eval.*: rank 0 alone logs,
+checkpoints and evaluates). Everything else, the whole training objective, must match.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ PER_MACHINE_KEYS = frozenset({
     "trainer.async_options.manual_collectors", "trainer.async_options.collector_wait_s",
     "trainer.async_options.max_restarts", "trainer.async_options.restart_backoff_s",
     "trainer.async_options.restart_reset_s", "trainer.async_options.heartbeat_timeout_s",
-    "trainer.async_options.stop_timeout_s", "eval.cpus", "logging.console",
+    "trainer.async_options.stop_timeout_s",
 })
+PER_MACHINE_SECTIONS = ("logging.", "checkpoint.", "eval.")   # rank 0's alone
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
@@ -42,7 +44,8 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
 
 def shared_settings(cfg: Config) -> dict[str, object]:
     """The dotted keys of cfg that every machine of the group must have equal."""
-    return {k: v for k, v in _flatten(config_to_dict(cfg)).items() if k not in PER_MACHINE_KEYS}
+    return {k: v for k, v in _flatten(config_to_dict(cfg)).items()
+            if k not in PER_MACHINE_KEYS and not k.startswith(PER_MACHINE_SECTIONS)}
 
 
 def differences(mine: dict, theirs: dict) -> list[tuple[str, object, object]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -73,6 +74,7 @@ class Learner:
         self.staging = IngestStaging([f.spec for f in self.feeds], self.ao.max_ingest_per_iter, self.device)
         cfg.run_path.mkdir(parents=True, exist_ok=True)
         self.telemetry = self.make_telemetry()
+        self.telemetry.episode_steps = self.spec.max_episode_steps
         self.evaluation = LearnerEval(cfg, self.ctl.incarnation, numel, self.env_steps, self.telemetry,
                                       lambda m: log(ROLE, m))   # eval.*: the evaluator process's weights and results
         # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
@@ -388,20 +390,25 @@ class Learner:
             self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)
         self.telemetry.refresh_status()
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)  # no heartbeat while the final checkpoint is written
-        self.final_checkpoint(reason)
+        path = self.final_checkpoint(reason)
+        if self.writes_checkpoints:
+            self.telemetry.summary(self.env_steps, self.agent.num_updates_done, path)
         self.ctl.learner["state"] = int(shm.ProcState.FINISHED if self.exit_code == 0 else shm.ProcState.FAILED)
         return self.exit_code
 
-    def final_checkpoint(self, reason: str) -> None:
+    def final_checkpoint(self, reason: str) -> Path | None:
+        """Rank 0's (or the one learner's) last checkpoint: its path, None when none was written."""
         if not self.writes_checkpoints:
             log(ROLE, f"{reason} at env step {self.env_steps:,} (rank 0 writes the checkpoints)")
-            return
+            return None
         try:
             path = run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
             log(ROLE, f"{reason}: final checkpoint {path} at env step {self.env_steps:,}")
+            return path
         except run_state.CheckpointSaveError as exc:  # the job did not end whole: exit 1 with the reason
             log(ROLE, f"error: {reason}, but the final checkpoint failed: {exc}")
             self.exit_code = 1
+            return None
 
     def _next_multiple(self, interval: int) -> int:
         it = self.env_steps // self.batch_envs

@@ -1,5 +1,7 @@
-"""What a run reports, for both trainers: TensorBoard scalars and one console progress line per
-log window, and the final ones when the run ends, however short it was.
+"""What a run reports, for both trainers: scalars (TensorBoard under run_dir/tb, one JSON line per
+log point in run_dir/metrics.jsonl, and Weights & Biases when logging.wandb.enabled), one console
+progress line per log window, the final ones when the run ends, however short it was, and a
+summary at the end (wall time, counts, eval returns, where the files are, what to run next).
 
 Metric names (documented in docs/operations.md) are the contract: the synchronous trainer and the
 async learner write the same names so runs compare side by side. Every rate is measured over
@@ -10,6 +12,7 @@ the log window from cumulative counters:
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -32,22 +35,36 @@ def fmt(value: float, spec: str = ".1f") -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-class MetricsLogger:
-    """Writes scalars to TensorBoard under run_path/tb and lines to stdout."""
+METRICS_FILE = "metrics.jsonl"
 
-    def __init__(self, run_path: Path, tensorboard: bool = True, console: bool = True):
+
+class MetricsLogger:
+    """Writes scalars to TensorBoard (run_path/tb), to run_path/metrics.jsonl (one JSON object per
+    call: env_steps, wall_time and the scalars by their TensorBoard names; appended across
+    resumes) and optionally to W&B (fastsac.run.wandb_sink), and lines to stdout."""
+
+    def __init__(self, run_path: Path, tensorboard: bool = True, console: bool = True, cfg=None):
         self.console_enabled = console
-        self.writer = None
+        self.writer = self.jsonl = self.wandb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # heavy, and only with logging.tensorboard
             self.writer = SummaryWriter(log_dir=str(Path(run_path) / "tb"))
+            Path(run_path).mkdir(parents=True, exist_ok=True)
+            self.jsonl = open(Path(run_path) / METRICS_FILE, "a", buffering=1)   # line-buffered
+            if cfg is not None and cfg.logging.wandb.enabled:
+                from fastsac.run.wandb_sink import WandbSink   # the optional extra, only when asked for
+                self.wandb = WandbSink(cfg)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.writer is None:
             return
-        for name, value in values.items():
-            if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                self.writer.add_scalar(name, float(value), step)
+        finite = {name: float(value) for name, value in values.items()
+                  if value is not None and not (isinstance(value, float) and math.isnan(value))}
+        for name, value in finite.items():
+            self.writer.add_scalar(name, value, step)
+        self.jsonl.write(json.dumps({"env_steps": int(step), "wall_time": round(time.time(), 3), **finite}) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(step, finite)
 
     def line(self, text: str) -> None:
         if self.console_enabled:
@@ -57,23 +74,38 @@ class MetricsLogger:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = None
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
 
 
 class Telemetry:
     """One log window at a time: the trainer adds update time (learn_time) and the last update's
     losses (last_train); log() turns the counters into scalars and the progress line."""
 
-    def __init__(self, cfg, env_steps: int, num_updates: int, total_env_steps: int):
+    def __init__(self, cfg, env_steps: int, num_updates: int, total_env_steps: int, episode_steps: int = 0):
         self.cfg = cfg
-        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console)
+        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console, cfg)
         self.episodes = EpisodeWindow()
         self.last_train: dict = {}
         self.total_env_steps = total_env_steps
+        self.episode_steps = episode_steps          # the task's episode length, for "no episode ended yet"
+        self.created = time.perf_counter()
+        self.last_eval: dict | None = None
+        self.best_eval: dict | None = None
         self._env_steps, self._updates = env_steps, num_updates
+        self._announced = False
         self.start(env_steps)
 
     def start(self, env_steps: int) -> None:
-        """Begin the first window now (the run's clock for the ETA starts here too)."""
+        """Begin the first window now (the run's clock starts here too)."""
+        if not self._announced:
+            self._announced = True
+            self.metrics.line(f"run started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {self.cfg.run_path} "
+                              f"(TensorBoard files in {self.cfg.run_path / 'tb'})")
         self.run_start = self.window_start = time.perf_counter()
         self.start_env_steps = self._env_steps = env_steps
         self.learn_time = 0.0
@@ -105,12 +137,15 @@ class Telemetry:
         out.update(scalars or {})
         out.update({f"train/{k}": float(v) for k, v in self.last_train.items()})
         self.metrics.scalars(env_steps, out)
-        done = env_steps - self.start_env_steps
-        eta = (now - self.run_start) / done * (self.total_env_steps - env_steps) if done else math.inf
+        # the ETA at the window's ingest rate: the phase the run is in now (warm-up steps are cheap)
+        rate = (env_steps - self._env_steps) / dt
+        eta = (self.total_env_steps - env_steps) / rate if rate > 0 else math.inf
+        evaluated = f"eval {self.last_eval['mean_return']:.1f} | " if self.last_eval else ""
         self.metrics.line(
             f"[{it}/{cfg.trainer.num_iterations}] {env_steps:,} steps | {out['perf/env_steps_per_s']:,.0f} env-steps/s | "
             f"{out['perf/updates_per_s']:.1f} upd/s | learn {out['perf/learn_pct']:.0f}% | {line_extra}"
-            f"return {fmt(self.episodes.mean_return)} | ETA {format_duration(eta)}")
+            f"return {self._return_text()} | {evaluated}{format_duration(now - self.created)}, "
+            f"ETA {format_duration(eta)}")
         for row in rows:
             self.metrics.line(row)
         self.window_start, self.learn_time = now, 0.0
@@ -118,11 +153,41 @@ class Telemetry:
         self.next_log_it = (it // cfg.logging.interval + 1) * cfg.logging.interval
         return out
 
+    def _return_text(self) -> str:
+        if not math.isnan(self.episodes.mean_return):
+            return f"{self.episodes.mean_return:.1f}"
+        length = f"; episodes are {self.episode_steps:,} steps" if self.episode_steps else ""
+        return f"- (no episode ended yet{length})"
+
     def log_eval(self, result: dict) -> None:
         """An evaluation's eval/* scalars at the env step of the weights it evaluated, and its line
         (fastsac.run.eval_episodes); the env step may lie behind the progress line's."""
         self.metrics.scalars(result["env_steps"], scalars(result))
         self.metrics.line(line(result))
+        self.last_eval = result
+        if self.best_eval is None or result["mean_return"] > self.best_eval["mean_return"]:
+            self.best_eval = result
+
+    def summary(self, env_steps: int, num_updates: int, checkpoint: Path | None) -> None:
+        """The run's last lines: what it did, what it reached, where it is, what to run next."""
+        run = self.cfg.run_path
+        lines = [f"run summary: {format_duration(time.perf_counter() - self.created)} wall, {env_steps:,} env steps, "
+                 f"{num_updates:,} updates"]
+        if self.last_eval:
+            b = self.best_eval
+            lines.append(f"  eval return (deterministic, {self.last_eval['episodes']} episodes): final "
+                         f"{self.last_eval['mean_return']:.1f} at {self.last_eval['env_steps']:,} env steps, best "
+                         f"{b['mean_return']:.1f} at {b['env_steps']:,}")
+        if not math.isnan(self.episodes.mean_return):
+            lines.append(f"  training episodes: mean return {self.episodes.mean_return:.1f} in the last log window")
+        lines.append(f"  checkpoint: {checkpoint if checkpoint else 'none written'}")
+        if self.metrics.writer is not None:
+            lines.append(f"  metrics: tensorboard --logdir {run / 'tb'}   (also {run / METRICS_FILE})")
+        if checkpoint:
+            lines += [f"  evaluate: fastsac-eval {run} --episodes 10", f"  export:   fastsac-export {run} "
+                                                                      f"--format onnx {run / 'actor.onnx'}"]
+        for text in lines:
+            self.metrics.line(text)
 
     def close(self) -> None:
         self.metrics.close()

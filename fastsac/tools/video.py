@@ -33,6 +33,7 @@ import ctypes.util
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from fastsac.tools.encoder import H264Writer, ffmpeg_exe
 VIDEO_WIDTH, VIDEO_HEIGHT = 640, 480   # MuJoCo's default offscreen buffer size; multiples of 16 for H.264
 VIDEO_SUFFIX = ".mp4"
 RECORDED_ENV = 0          # the env whose (first) episode is filmed
+PROGRESS_S = 5.0          # a progress line on stderr this often while filming
 GL_PROBE_TIMEOUT_S = 60
 
 
@@ -291,10 +293,11 @@ class VideoRecorder:
     `before_step` is run_eval_episodes' hook; `finish()` closes the encoder and moves the file into
     place; `close()` (always call it) removes the temp file of an unfinished video."""
 
-    def __init__(self, source, out: Path):
-        self.source, self.out = source, out
+    def __init__(self, source, out: Path, max_frames: int = 0):
+        self.source, self.out, self.max_frames = source, out, max_frames
         self.fps = source.fps
         self.frames = 0
+        self._started = self._reported = time.monotonic()
         self._tmp: Path | None = outputs.temp_path(out)
         self._writer: H264Writer | None = None
         try:
@@ -307,6 +310,12 @@ class VideoRecorder:
         if episodes_done[RECORDED_ENV] == 0:
             self._writer.write(self.source.frame(RECORDED_ENV))
             self.frames += 1
+            now = time.monotonic()
+            if now - self._reported >= PROGRESS_S:   # rendering 1000 MuJoCo frames takes minutes on a CPU
+                self._reported = now
+                most = f" of at most {self.max_frames:,}" if self.max_frames else ""
+                print(f"fastsac-eval: video: {self.frames:,} frames{most} in {now - self._started:.0f}s",
+                      file=sys.stderr, flush=True)
 
     def finish(self) -> int:
         """Close the encoder and, once it reported a whole file, rename it into place; the number
@@ -332,7 +341,7 @@ def open_video(env, env_name: str, out: Path, gl: GLChoice) -> VideoRecorder:
     be rendered."""
     source = frame_source(env, env_name, gl)
     try:
-        return VideoRecorder(source, out)
+        return VideoRecorder(source, out, env.max_episode_steps)
     except BaseException:
         source.close()
         raise

@@ -23,6 +23,7 @@ from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.run import state as run_state
 from fastsac.run.eval_episodes import InlineEvaluator
 from fastsac.run.telemetry import Telemetry
+from fastsac.run.thread_tuner import ThreadTuner
 from fastsac.run.torch_runtime import configure_torch, resolve_device
 
 
@@ -47,6 +48,9 @@ def train_sync(cfg: Config) -> int:
                           episode_steps=spec.max_episode_steps)
     log = telemetry.metrics
     stop = StopSignal().install()   # SIGTERM/SIGINT: finish the iteration, final checkpoint, exit 0
+    # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
+    threads = ThreadTuner(torch.get_num_threads(), torch.set_num_threads, log=log.line) \
+        if device.type == "cpu" and torch.get_num_threads() > 1 else None
     episodes = EpisodeTracker(n)
     # eval.*: deterministic episodes on separate envs, inline (the sync trainer has no other process)
     evaluator = InlineEvaluator(cfg, lambda o: agent.act(torch.as_tensor(o).to(device), deterministic=True).cpu()
@@ -73,7 +77,10 @@ def train_sync(cfg: Config) -> int:
         if it >= cfg.algo.learning_starts and cfg.algo.num_updates > 0 and buffer.ready():
             t0 = time.perf_counter()
             telemetry.last_train = agent.train(buffer, cfg.algo.num_updates)
-            telemetry.learn_time += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            telemetry.learn_time += spent
+            if threads is not None:
+                threads.record(spent, cfg.algo.num_updates)
         last_iteration = it + 1 == cfg.trainer.num_iterations
         with torch.no_grad():
             result = evaluator.maybe_run(env_steps, agent.num_updates_done)

@@ -185,3 +185,11 @@ def test_bench_learning_runs_its_peer(tmp_path):
     pytest.importorskip("stable_baselines3", reason="the SB3 peer needs the benchmark extra: pip install -e '.[bench]'")
     _, summary = bench_learning(tmp_path, ["sync", "sb3"])
     assert "the peer's final return" in summary and "sync: reaches it in" in summary, summary
+
+
+@pytest.mark.process
+def test_bench_neighbour_pairs_quiet_and_busy_runs():
+    out = run_benchmark("bench_neighbour.py", "--smoke", timeout=180)
+    assert re.search(r"^round 1 sync : quiet +[\d.]+ upd/s .*\| neighbour +[\d.]+ upd/s .*\| ratio [\d.]+x updates",
+                     out, re.M), out
+    assert re.search(r"^\| sync \| [\d.]+ \| [\d.]+ \| [\d.]+x \[", out, re.M), out

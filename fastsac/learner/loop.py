@@ -25,6 +25,7 @@ from fastsac.learner.staging import IngestStaging
 from fastsac.learner.telemetry import LearnerTelemetry
 from fastsac.process.setup import log
 from fastsac.run import state as run_state
+from fastsac.run.thread_tuner import ThreadTuner
 from fastsac.run.torch_runtime import resolve_device
 from fastsac.shm_layout.job_settings import check_against_job
 
@@ -53,6 +54,9 @@ class Learner:
         low, high = probe.action_low, probe.action_high
         probe.close()
         self.device = resolve_device(ctx.me.device)
+        # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
+        self.threads = ThreadTuner(torch.get_num_threads(), torch.set_num_threads, log=lambda m: log(ROLE, m)) \
+            if self.device.type == "cpu" and torch.get_num_threads() > 1 else None
         torch.manual_seed(learner_torch_seed(cfg.seed))
         self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
                                                         num_envs=sum(c.env_count for c in mine))
@@ -295,7 +299,10 @@ class Learner:
             self.telemetry.last_train = self.agent.train(self.buffer, chunk)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            self.telemetry.learn_time += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self.telemetry.learn_time += spent
+            if self.threads is not None:
+                self.threads.record(spent, chunk)
             if self.compile_updates_left > 0:
                 self.compile_updates_left -= chunk
                 if self.compile_updates_left <= 0:

@@ -44,8 +44,13 @@ def check_invariants(p: JobPlan, c) -> None:
             seen |= set(x.cpus)
         assert set(p.learner.cpus) <= set(p.topology.node(p.learner.node).cpus)
     for x in p.processes:
-        assert x.env_dict["OMP_NUM_THREADS"] == str(len(x.cpus))
+        assert x.env_dict["OMP_NUM_THREADS"] == str(x.threads) and 1 <= x.threads <= len(x.cpus)
         assert x.command == shlex.join(x.argv)
+    if p.binding == "off":   # every process may run anywhere: together never more threads than CPUs
+        cpus = len(p.topology.allowed_cpus)
+        assert sum(x.threads for x in p.processes) <= max(cpus, len(p.processes)), [x.threads for x in p.processes]
+    else:
+        assert all(x.threads == len(x.cpus) for x in p.collectors)
 
 
 def collector_argv(i, *bind, prefix=(), overrides=()):

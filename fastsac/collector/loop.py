@@ -65,7 +65,7 @@ class Collector:
         with ending_at_once(stop or StopSignal()):
             self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed,
                                 first_env_id=me.env_first + machine_env_offset(cfg),
-                                max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
+                                max_episode_steps=cfg.env.max_episode_steps, num_threads=me.threads)
         self.env_first, self.n = me.env_first, me.env_count
         env = self.env
         spec = shm.RingSpec(num_envs=self.n, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,

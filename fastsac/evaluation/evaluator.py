@@ -47,7 +47,7 @@ class Evaluator:
         # Before touching anything shared: an evaluator started with another config is refused.
         check_against_job(self.ctl, cfg, ctx.plan, "the evaluator")
         self.seed = resolve_eval_seed(cfg)
-        self.env = make_eval_env(cfg, num_threads=len(ctx.me.cpus) if ctx.me.binding != "off" else 1)
+        self.env = make_eval_env(cfg, num_threads=ctx.me.threads)
         env = self.env
         self.policy_numel = policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo)
         inc = self.ctl.incarnation

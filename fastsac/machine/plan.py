@@ -76,7 +76,10 @@ class ProcessPlan:
 
     node: NUMA node it is bound to; None when binding is off.
     cpus: CPUs it may run on (with binding off: every allowed CPU).
-    env:  extra environment for the child (thread-pool sizes = len(cpus)), as sorted pairs.
+    threads: the size of each of its thread pools (torch intra-op, OpenMP, BLAS, env physics):
+          the CPUs it owns; with binding off the allowed CPUs shared out among the job's
+          processes, so that all of them together never run more threads than there are CPUs.
+    env:  extra environment for the child (thread-pool sizes = threads), as sorted pairs.
     argv: the exact command; argv[0] is numactl or the interpreter.
     """
     role: Literal["learner", "collector", "evaluator"]
@@ -86,6 +89,7 @@ class ProcessPlan:
     device: str
     seed: int
     argv: tuple[str, ...]
+    threads: int = 1
     env: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -401,8 +405,10 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
             bind = ["--bind-node", str(node), "--bind-cpus", format_cpulist(cpus)]
         return tuple([*prefix, python, "-m", module, "--config", config_path, *extra, *bind, *overrides])
 
-    def env_for(cpus: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
-        return tuple(sorted(thread_env(max(1, len(cpus))).items()))
+    count = _thread_counts(method, topo, n, learner_cpu_sets, slices, evaluator_cpus)
+
+    def env_for(threads: int) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(thread_env(threads).items()))
 
     several = len(devices) > 1
     learners = tuple(
@@ -411,19 +417,20 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                     node_rank=cfg.distributed.node_rank, several=several,
                     argv=argv_for(LEARNER_MODULE, learner_nodes[k], learner_cpu_sets[k],
                                   [lp.LEARNER_INDEX_ARG, str(k)] if several else []),
-                    env=env_for(learner_cpu_sets[k]))
+                    threads=count.learners[k], env=env_for(count.learners[k]))
         for k, rank in enumerate(lp.ranks(cfg)))
     evaluator = None if evaluator_cpus is None else ProcessPlan(
         role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu",
         seed=resolve_eval_seed(cfg),
-        argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), env=env_for(evaluator_cpus))
+        argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), threads=count.evaluator,
+        env=env_for(count.evaluator))
     manual = set(ao.manual_collectors)
     collectors = tuple(
         CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=tuple(slices[i]), binding=method,
                       device=ao.collector_inference_device, seed=collector_seed(cfg.seed, i),
                       env_first=blocks[i][0], env_count=blocks[i][1], manual=i in manual, learner_index=owner[i],
                       argv=argv_for(COLLECTOR_MODULE, nodes[i], tuple(slices[i]), ["--collector-id", str(i)]),
-                      env=env_for(tuple(slices[i])))
+                      threads=count.collectors[i], env=env_for(count.collectors[i]))
         for i in range(n))
     if manual:
         many = len(manual) > 1
@@ -433,6 +440,33 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                    placement=placement, numactl=numactl if method == "numactl" else None,
                    config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator,
                    world_size=lp.world_size(cfg))
+
+
+@dataclass(frozen=True)
+class _ThreadCounts:
+    learners: list[int]
+    collectors: list[int]
+    evaluator: int
+
+
+def _thread_counts(method: str, topo: Topology, n: int, learner_cpu_sets: list, slices: list,
+                   evaluator_cpus) -> _ThreadCounts:
+    """Each process's thread-pool size (ProcessPlan.threads). Binding off: every process may run
+    on every allowed CPU, so the CPUs are shared out among all of them (more threads than CPUs
+    in all is what stalls every process when anything else runs). Bound: the CPUs it owns; a
+    learner gets the CPUs of its set no collector or other learner is pinned to (one when none
+    are left: a second OpenMP thread would spin on a collector's core, measured: the learner's
+    ingest took ~50% of a core instead of a few %), an evaluator sharing the learner's CPUs one."""
+    learners = len(learner_cpu_sets)
+    if method == "off":
+        share = max(1, len(topo.allowed_cpus) // (learners + n + (evaluator_cpus is not None)))
+        return _ThreadCounts([share] * learners, [share] * n, share)
+    pinned = {c for s in slices for c in s}
+    own = [max(1, len(set(cpus) - pinned - {c for j, o in enumerate(learner_cpu_sets) if j != k for c in o}))
+           for k, cpus in enumerate(learner_cpu_sets)]
+    shares = evaluator_cpus is not None and set(evaluator_cpus) & set(learner_cpu_sets[0])
+    evaluator = 1 if evaluator_cpus is None or shares else len(evaluator_cpus)
+    return _ThreadCounts(own, [max(1, len(s)) for s in slices], evaluator)
 
 
 def _learner_cpus(topo: Topology, node: int, nodes: list, slices: list, notes: list[str]) -> tuple[int, ...]:
@@ -536,7 +570,7 @@ def format_plan(plan: JobPlan) -> str:
 def _process_json(p: ProcessPlan) -> dict:
     d = {"name": p.name, "role": p.role, "node": p.node, "cpus": list(p.cpus), "cpulist": p.cpulist,
          "binding": p.binding, "device": p.device, "seed": p.seed, "argv": list(p.argv),
-         "command": p.command, "env": p.env_dict}
+         "command": p.command, "threads": p.threads, "env": p.env_dict}
     if isinstance(p, CollectorPlan):
         d.update(collector_id=p.collector_id, env_first=p.env_first, env_count=p.env_count, manual=p.manual)
     return d

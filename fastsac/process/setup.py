@@ -134,15 +134,6 @@ def build_and_run(role: str, build: Callable[[StopSignal], Any], usage_errors: t
 
 
 def torch_threads(ctx: ProcessContext) -> int:
-    """CPUs this process owns. With binding off every process may use every CPU, so they
-    are shared out evenly among the job's processes instead of each taking all of them."""
-    if ctx.me.binding == "off":
-        return max(1, len(ctx.me.cpus) // (len(ctx.plan.learners) + len(ctx.plan.collectors)))
-    if ctx.me.role == "learner":
-        # A learner sharing its node's CPUs with collectors (no CPU left over for it) gets one
-        # thread: a second OpenMP thread would spin on a core a collector is pinned to (measured:
-        # the learner's ingest took ~50% of a core instead of a few %).
-        taken = {c for col in ctx.plan.collectors for c in col.cpus}
-        taken |= {c for other in ctx.plan.learners if other is not ctx.me for c in other.cpus}
-        return max(1, len(set(ctx.me.cpus) - taken))
-    return len(ctx.me.cpus)
+    """This process's thread-pool size, as its plan says (fastsac.machine.plan: the CPUs it owns,
+    or with binding off its share of them)."""
+    return ctx.me.threads

@@ -55,6 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_group import CHILDREN  # noqa: E402
+
 AO = "trainer.async_options"
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 ENV_RATIO_TARGET = 1.8      # criterion 1: N collectors vs 1, perf/env_steps_per_s
@@ -101,8 +104,7 @@ def child_env() -> dict:
 
 def plan(config: str, overrides: list[str]) -> dict:
     """The launcher's plan for these overrides; exit 2 with its message when it refuses them."""
-    proc = subprocess.run([*launcher_cmd(config, overrides), "--plan", "--json"], capture_output=True, text=True,
-                          env=child_env(), cwd=REPO)
+    proc = CHILDREN.run([*launcher_cmd(config, overrides), "--plan", "--json"], timeout=600, env=child_env(), cwd=REPO)
     if proc.returncode != 0:
         print(f"bench_acceptance: the launcher refuses {' '.join(overrides)}:\n{proc.stderr.strip()}",
               file=sys.stderr)
@@ -118,8 +120,7 @@ def run_job(config: str, overrides: list[str], run_dir: Path, job: str, timeout:
     out_path = run_dir / "launcher.out"
     cmd = launcher_cmd(config, [*overrides, f"run_dir={run_dir}", f"job_name={job}"])
     with open(out_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO,
-                                start_new_session=True)
+        proc = CHILDREN.start(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO)
     deadline = time.monotonic() + timeout
     try:
         if stop_after_s is not None:
@@ -134,9 +135,9 @@ def run_job(config: str, overrides: list[str], run_dir: Path, job: str, timeout:
                 time.sleep(stop_after_s)
                 proc.send_signal(signal.SIGTERM)  # graceful: collectors stop, the learner logs and saves
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        CHILDREN.forget(proc)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        CHILDREN.stop(proc, signal.SIGKILL)
         raise RunFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{out_path.read_text()[-3000:]}")
     if proc.returncode != 0:
         raise RunFailed(f"exit {proc.returncode}: {' '.join(cmd)}\n{out_path.read_text()[-3000:]}")

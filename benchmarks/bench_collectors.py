@@ -22,12 +22,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_group import CHILDREN  # noqa: E402
 
 
 def run(config: str, run_dir: Path, job: str, extra: list[str], timeout: float,
@@ -35,7 +36,7 @@ def run(config: str, run_dir: Path, job: str, extra: list[str], timeout: float,
     cmd = [sys.executable, "-m", "fastsac.launcher", config, f"run_dir={run_dir}", f"job_name={job}",
            "logging.console=false", f"logging.interval_s={log_interval_s}", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    proc = CHILDREN.run(cmd, timeout=timeout, env=env, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

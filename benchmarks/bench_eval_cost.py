@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_group import CHILDREN  # noqa: E402
 SMOKE = ["trainer.num_iterations=120", "logging.interval=20", "logging.interval_s=1", "algo.learning_starts=20"]
 
 
@@ -56,9 +57,8 @@ def run(config: str, overrides: list[str], tmp: Path, name: str, timeout: float)
     run_dir = tmp / name
     job = f"bev{os.getpid() % 100000}{name}"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fastsac.launcher", config, *overrides, f"job_name={job}",
-                           f"run_dir={run_dir}", "checkpoint.interval=0"], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = CHILDREN.run([sys.executable, "-m", "fastsac.launcher", config, *overrides, f"job_name={job}",
+                         f"run_dir={run_dir}", "checkpoint.interval=0"], timeout=timeout, cwd=REPO)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"bench_eval_cost: run {name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_group import CHILDREN  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- worker
@@ -124,7 +126,7 @@ def run_job(args, learners: int, run_dir: Path, job: str) -> dict:
     if learners > 1:
         cmd += [f"distributed.num_learners={learners}", "distributed.master_addr=127.0.0.1",
                 f"distributed.master_port={free_port()}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+    proc = CHILDREN.run(cmd, timeout=args.timeout, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -43,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_stats import Point, describe, first_reach, mean, value_at  # noqa: E402
+from process_group import CHILDREN  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {
@@ -60,60 +61,22 @@ SMOKE_OVERRIDES = ["trainer.num_iterations=60", "algo.learning_starts=10", "eval
 STOP_GRACE_S = 120.0      # after SIGTERM: the final checkpoint, then the process group is killed
 
 
-class RunGroup:
-    """The process group of the run in flight: stopped with it when this script is stopped."""
-
-    def __init__(self):
-        self.proc: subprocess.Popen | None = None
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._stop_and_exit)
-
-    def start(self, cmd: list[str], log: Path) -> subprocess.Popen:
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        return self.proc
-
-    def wait(self, budget_s: float, uncounted=lambda: 0.0) -> int:
-        """Wait for the run; SIGTERM its group when the budget is spent, SIGKILL after the grace.
-
-        The budget is on the training clock: `uncounted()` (seconds the run spent on anything
-        else, e.g. inline evaluation) is added to it, as the peer stops on its training clock."""
-        assert self.proc is not None
-        start = time.monotonic()
-        while True:
-            left = budget_s + uncounted() - (time.monotonic() - start)
-            if left <= 0:
-                break
-            try:
-                code = self.proc.wait(timeout=left)
-                self.proc = None
-                return code
-            except subprocess.TimeoutExpired:
-                continue
-        self.signal(signal.SIGTERM)
+def run_for(cmd: list[str], log: Path, budget_s: float, uncounted=lambda: 0.0) -> int:
+    """Run cmd (its own process group) until it ends or the budget is spent, then SIGTERM, and
+    SIGKILL after STOP_GRACE_S; its exit code. The budget is on the training clock: `uncounted()`
+    (seconds the run spent on anything else, e.g. inline evaluation) is added to it, as the peer
+    stops on its training clock."""
+    with open(log, "w") as out:
+        proc = CHILDREN.start(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    start = time.monotonic()
+    while (left := budget_s + uncounted() - (time.monotonic() - start)) > 0:
         try:
-            return self.proc.wait(timeout=STOP_GRACE_S)
+            code = proc.wait(timeout=left)
+            CHILDREN.forget(proc)
+            return code
         except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            return self.proc.wait()
-        finally:
-            self.proc = None
-
-    def signal(self, sig: int) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def _stop_and_exit(self, signum, frame):
-        self.signal(signal.SIGTERM)
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.signal(signal.SIGKILL)
-        sys.exit(128 + signum)
+            continue
+    return CHILDREN.stop(proc, grace_s=STOP_GRACE_S)
 
 
 # --------------------------------------------------------------------------- one run
@@ -145,28 +108,27 @@ def fastsac_curve(run_dir: Path, t0: float, inline_eval: bool) -> list[Point]:
     return curve
 
 
-def run_fastsac(group: RunGroup, args, mode: str, seed: int, out: Path) -> list[Point]:
+def run_fastsac(args, mode: str, seed: int, out: Path) -> list[Point]:
     run_dir = out / "runs" / f"{mode}_s{seed}"
     cmd = [sys.executable, "-m", "fastsac.launcher", args.config, *MODES[mode], f"seed={seed}",
            f"run_dir={run_dir}", f"job_name=bl{os.getpid() % 10000}{mode}{seed}", "logging.console=true",
            *args.overrides]
     inline_eval = mode == "sync"          # the sync trainer stops training to evaluate
     t0 = time.time()
-    group.start(cmd, out / "runs" / f"{mode}_s{seed}.log")
-    rc = group.wait(args.budget_s, uncounted=lambda: eval_seconds(run_dir) if inline_eval else 0.0)
+    rc = run_for(cmd, out / "runs" / f"{mode}_s{seed}.log", args.budget_s,
+                 uncounted=lambda: eval_seconds(run_dir) if inline_eval else 0.0)
     if rc not in (0, -signal.SIGTERM):
         raise RuntimeError(f"{mode} seed {seed} failed (exit {rc}); see {out / 'runs' / f'{mode}_s{seed}.log'}")
     return fastsac_curve(run_dir, t0, inline_eval)
 
 
-def run_sb3(group: RunGroup, args, seed: int, out: Path) -> list[Point]:
+def run_sb3(args, seed: int, out: Path) -> list[Point]:
     path = out / "runs" / f"sb3_s{seed}.csv"
     cmd = [sys.executable, str(REPO / "benchmarks" / "sb3_peer.py"), "--env", args.sb3_env, "--seed", str(seed),
            "--budget-s", str(args.budget_s), "--eval-every", str(args.sb3_eval_every),
            "--eval-episodes", str(args.sb3_eval_episodes), "--learning-starts", str(args.sb3_learning_starts),
            "--max-steps", str(args.sb3_max_steps), "--csv", str(path)]
-    group.start(cmd, out / "runs" / f"sb3_s{seed}.log")
-    rc = group.wait(args.budget_s * 2 + 60)         # it stops itself on its training clock
+    rc = run_for(cmd, out / "runs" / f"sb3_s{seed}.log", args.budget_s * 2 + 60)   # it stops itself on its clock
     if rc != 0:
         raise RuntimeError(f"sb3 seed {seed} failed (exit {rc}); see {out / 'runs' / f'sb3_s{seed}.log'}")
     with open(path) as f:
@@ -298,13 +260,12 @@ def main() -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     csv_path = out / "curves.csv"
     curves = load_curves(csv_path)
-    group = RunGroup()
     for seed in [] if args.report else args.seeds:
         for mode in args.modes:              # interleaved: machine noise hits every mode alike
             if (mode, seed) in curves:
                 print(f"{mode} seed {seed}: in {csv_path} already, skipped", flush=True)
                 continue
-            curve = run_sb3(group, args, seed, out) if mode == "sb3" else run_fastsac(group, args, mode, seed, out)
+            curve = run_sb3(args, seed, out) if mode == "sb3" else run_fastsac(args, mode, seed, out)
             if not curve:
                 print(f"{mode} seed {seed}: no evaluation point (is eval.interval on?)", file=sys.stderr)
                 return 1

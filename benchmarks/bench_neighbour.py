@@ -26,44 +26,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_group import CHILDREN  # noqa: E402
 MODES = {"sync": ["trainer.asynchronous=false"], "async": ["trainer.asynchronous=true"]}
 COMMON = ["trainer.num_iterations=100000000", "checkpoint.interval=0", "eval.interval=0", "logging.interval_s=2",
           "logging.console=false"]
 SPINNER = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-
-
-class Running:
-    """The processes in flight, stopped with this script."""
-
-    def __init__(self):
-        self.procs: list[subprocess.Popen] = []
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._stop_and_exit)
-
-    def start(self, cmd: list[str], **kwargs) -> subprocess.Popen:
-        proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = 60.0) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=grace_s)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        self.procs.remove(proc)
-
-    def _stop_and_exit(self, signum, frame):
-        for proc in list(self.procs):
-            self.stop(proc, signal.SIGKILL, 5.0)
-        sys.exit(128 + signum)
 
 
 def rates(metrics: Path, warmup_s: float) -> tuple[float, float]:
@@ -78,24 +49,24 @@ def rates(metrics: Path, warmup_s: float) -> tuple[float, float]:
             statistics.fmean(r["perf/env_steps_per_s"] for r in late))
 
 
-def one_run(running: Running, args, mode: str, neighbour: bool, work: Path, tag: str) -> tuple[float, float]:
+def one_run(args, mode: str, neighbour: bool, work: Path, tag: str) -> tuple[float, float]:
     run_dir = work / tag
     spinner = None
     if neighbour:
         cpu = max(os.sched_getaffinity(0))
-        spinner = running.start([sys.executable, "-c", SPINNER, str(cpu)])
+        spinner = CHILDREN.start([sys.executable, "-c", SPINNER, str(cpu)], cwd=REPO)
     cmd = [sys.executable, "-m", "fastsac.launcher", args.config, *MODES[mode], *COMMON, f"run_dir={run_dir}",
            f"job_name=bn{os.getpid() % 100000}{tag}", *args.overrides]
     with open(work / f"{tag}.log", "w") as log:
-        proc = running.start(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = CHILDREN.start(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=args.seconds)
             raise RuntimeError(f"{tag} ended early (exit {proc.returncode}); see {work / (tag + '.log')}")
         except subprocess.TimeoutExpired:
-            running.stop(proc)
+            CHILDREN.stop(proc, grace_s=60.0)
         finally:
             if spinner is not None:
-                running.stop(spinner, signal.SIGKILL, 5.0)
+                CHILDREN.stop(spinner, signal.SIGKILL, 5.0)
     return rates(run_dir / "metrics.jsonl", args.warmup_s)
 
 
@@ -113,14 +84,13 @@ def main() -> int:
         args.modes, args.rounds, args.seconds, args.warmup_s = ["sync"], 1, 12.0, 0.0
         args.overrides = ["algo.learning_starts=2", "env.num_envs=8", *args.overrides]
     cpus = len(os.sched_getaffinity(0))
-    running = Running()
     results: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in args.modes}
     with tempfile.TemporaryDirectory(prefix="bench_neighbour_") as tmp:
         work = Path(tmp)
         for r in range(args.rounds):
             for mode in args.modes:
                 order = (False, True) if r % 2 == 0 else (True, False)   # paired, interleaved
-                got = {nb: one_run(running, args, mode, nb, work, f"{mode}{r}{'n' if nb else 'q'}") for nb in order}
+                got = {nb: one_run(args, mode, nb, work, f"{mode}{r}{'n' if nb else 'q'}") for nb in order}
                 (qu, qe), (nu, ne) = got[False], got[True]
                 results[mode].append((qu, qe, nu, ne))
                 print(f"round {r + 1} {mode:5s}: quiet {qu:7.1f} upd/s {qe:9,.0f} env-steps/s | neighbour "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_group import CHILDREN  # noqa: E402
 
 
 def timed(fn, n: int, device: torch.device) -> float:
@@ -109,7 +110,7 @@ def check_end_to_end(device: torch.device, quick: bool) -> bool:
                f"trainer.num_iterations={50 if quick else 1500}", f"run_dir={tmp}/run",
                f"job_name=gpucheck{os.getpid()}", "logging.interval_s=1"]   # unique: a concurrent smoke test
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = CHILDREN.run(cmd, timeout=600)
         wall = time.perf_counter() - t0
         rates = ""
         if proc.returncode == 0:
@@ -132,9 +133,9 @@ def check_learner_contention(device: torch.device, quick: bool) -> bool:
     if device.type != "cuda":   # the CPU dry run: small learner, few envs
         sizes += ["--num-envs", "256", "--learner-batch", "256", "--learner-critic-hidden", "128",
                   "--learner-actor-hidden", "128"]
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_collector_inference.py"),
-                           "--sections", "learner", "--collectors", "1", "2", "--learner-device", str(device), *sizes],
-                          capture_output=True, text=True, timeout=600)
+    proc = CHILDREN.run([sys.executable, str(REPO / "benchmarks" / "bench_collector_inference.py"),
+                         "--sections", "learner", "--collectors", "1", "2", "--learner-device", str(device), *sizes],
+                        timeout=600)
     for line in proc.stdout.splitlines():
         print(f"  {line}")
     if proc.returncode:

@@ -115,7 +115,7 @@ def plan(config: str, overrides: list[str]) -> dict:
 def run_job(config: str, overrides: list[str], run_dir: Path, job: str, timeout: float,
             stop_after_s: float | None = None) -> dict[str, list[float]]:
     """Run one job to its end (or SIGTERM it stop_after_s after its first progress line);
-    returns its TensorBoard scalars, tag -> values in logging order."""
+    returns its log points (run_dir/metrics.jsonl rows with the progress scalars), in order."""
     run_dir.mkdir(parents=True)
     out_path = run_dir / "launcher.out"
     cmd = launcher_cmd(config, [*overrides, f"run_dir={run_dir}", f"job_name={job}"])
@@ -141,28 +141,32 @@ def run_job(config: str, overrides: list[str], run_dir: Path, job: str, timeout:
         raise RunFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{out_path.read_text()[-3000:]}")
     if proc.returncode != 0:
         raise RunFailed(f"exit {proc.returncode}: {' '.join(cmd)}\n{out_path.read_text()[-3000:]}")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "perf/env_steps_per_s" in r]
 
 
-def steady(values: list[float]) -> float:
-    """Median of the log points after the first third, without the last (the stop's window)."""
-    if len(values) >= 4:
-        values = values[len(values) // 3:-1]
-    return statistics.median(values) if values else math.nan
+def steady(rows: list[dict], name: str) -> float:
+    """The rate over the steady part of a run (the log points after the first third, without
+    the last: the stop's window): each window's rate weighted by its length, i.e. the steps
+    counted over the elapsed time. (A median of per-window rates moves in whole env-step
+    batches: 4,093 / 5,102 / 8,185 at 512 envs per batch and 1 s windows.)"""
+    points = [(r["wall_time"], r[name]) for r in rows if name in r and math.isfinite(r[name])]
+    if len(points) >= 5:
+        points = points[len(points) // 3 - 1:-1]   # one more in front: the first window's start
+    spans = [(t1 - t0, v) for (t0, _), (t1, v) in zip(points, points[1:]) if t1 > t0]
+    total = sum(dt for dt, _ in spans)
+    return sum(dt * v for dt, v in spans) / total if total > 0 else math.nan
 
 
-def perf_of(tags: dict[str, list[float]], n: int) -> dict:
-    return {"env": steady(tags.get("perf/env_steps_per_s", [])),
-            "per": [steady(tags.get(f"collector{i}/env_steps_per_s", [])) for i in range(n)],
-            "learn": steady(tags.get("perf/learn_pct", [])),
-            "updates": steady(tags.get("perf/updates_per_s", []))}
+def perf_of(rows: list[dict], n: int) -> dict:
+    return {"env": steady(rows, "perf/env_steps_per_s"),
+            "per": [steady(rows, f"collector{i}/env_steps_per_s") for i in range(n)],
+            "learn": steady(rows, "perf/learn_pct"),
+            "updates": steady(rows, "perf/updates_per_s")}
 
 
-def final_return(tags: dict[str, list[float]]) -> float:
-    last = tags.get("rollout/mean_return", [])[-3:]
+def final_return(rows: list[dict]) -> float:
+    last = [r["rollout/mean_return"] for r in rows if "rollout/mean_return" in r][-3:]
     return statistics.fmean(last) if last else math.nan
 
 
@@ -274,9 +278,9 @@ def perf_phase(args, one: Setup, many: Setup, tmp: Path) -> None:
     for r in range(1, args.rounds + 1):
         for s in (one, many):  # paired: both see the same machine within a round
             n = len(s.plan["collectors"])
-            tags = run_job(args.config, [*args.overrides, *s.overrides, *extra], tmp / f"perf_r{r}_c{n}",
+            rows = run_job(args.config, [*args.overrides, *s.overrides, *extra], tmp / f"perf_r{r}_c{n}",
                            f"acc{os.getpid()}_p{r}_{n}", args.timeout, stop_after_s=args.seconds)
-            v = perf_of(tags, n)
+            v = perf_of(rows, n)
             s.runs.append(v)
             print(f"round {r}  {s.label:<13}: {fmt_num(v['env']):>9} env-steps/s (per collector "
                   + ", ".join(fmt_num(x) for x in v["per"]) + f") | learn {fmt_num(v['learn'], '.1f')}% | "
@@ -288,10 +292,10 @@ def learning_phase(args, setups: list[Setup], tmp: Path) -> None:
     for seed in args.seeds:
         for s in setups:  # interleaved: machine noise hits every setup alike
             t0 = time.time()
-            tags = run_job(args.config, [*args.overrides, *s.overrides, *extra, f"seed={seed}"],
+            rows = run_job(args.config, [*args.overrides, *s.overrides, *extra, f"seed={seed}"],
                            tmp / f"learn_{s.label.replace(' ', '_')}_s{seed}", f"acc{os.getpid()}_l{seed}_{s.label[0]}",
                            args.timeout)
-            s.returns.append(final_return(tags))
+            s.returns.append(final_return(rows))
             print(f"seed {seed}  {s.label:<13}: final return {fmt_num(s.returns[-1], '.1f'):>8}  "
                   f"(wall {time.time() - t0:.0f} s)", flush=True)
 

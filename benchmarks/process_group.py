@@ -34,7 +34,7 @@ class Children:
         self.procs.append(proc)
         return proc
 
-    def signal(self, proc: subprocess.Popen, sig: int) -> None:
+    def send(self, proc: subprocess.Popen, sig: int) -> None:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -43,13 +43,13 @@ class Children:
     def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = STOP_GRACE_S) -> int:
         """Signal its group, wait up to grace_s, SIGKILL the group after that; its exit code."""
         if proc.poll() is None:
-            self.signal(proc, sig)
+            self.send(proc, sig)
             try:
                 proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                self.signal(proc, signal.SIGKILL)
+                self.send(proc, signal.SIGKILL)
                 proc.wait()
-        self.signal(proc, signal.SIGKILL)   # anything of its group still left (orphaned grandchildren)
+        self.send(proc, signal.SIGKILL)   # anything of its group still left (orphaned grandchildren)
         self.forget(proc)
         return proc.returncode
 
@@ -71,7 +71,7 @@ class Children:
 
     def _stop_all_and_exit(self, signum, frame):
         for proc in list(self.procs):
-            self.signal(proc, signal.SIGTERM)
+            self.send(proc, signal.SIGTERM)
         for proc in list(self.procs):
             self.stop(proc, signal.SIGTERM, STOP_GRACE_S)
         sys.exit(128 + signum)

@@ -94,18 +94,25 @@ def train_sync(cfg: Config) -> int:
             except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
                 print(f"fastsac sync: error: {exc}; training goes on, next try at iteration "
                       f"{it + 1 + cfg.checkpoint.interval:,}", file=sys.stderr, flush=True)
-    # every run logs its final metrics, however short it was or however it stopped
+    try:
+        return finish(cfg, spec, agent, env_steps, telemetry, episodes)
+    finally:
+        evaluator.close()
+        env.close()
+
+
+def finish(cfg: Config, spec: EnvSpec, agent, env_steps: int, telemetry: Telemetry, episodes: EpisodeTracker) -> int:
+    """Every run logs its final metrics (however short it was or however it stopped), writes its
+    final checkpoint and sums up; the exit code (1: the final checkpoint failed)."""
     if telemetry.has_news(env_steps, agent.num_updates_done):
         telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
     exit_code, path = 0, None
     try:
         path = run_state.save(cfg, spec, agent, env_steps)
-        log.line(f"final checkpoint: {path}")
+        telemetry.metrics.line(f"final checkpoint: {path}")
     except run_state.CheckpointSaveError as exc:  # the run did not end whole: exit 1 with the reason
         print(f"fastsac sync: error: the final checkpoint failed: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
     telemetry.summary(env_steps, agent.num_updates_done, path)
     telemetry.close()
-    evaluator.close()
-    env.close()
     return exit_code

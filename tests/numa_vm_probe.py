@@ -32,7 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from fastsac.machine.binding import numa_maps_pages, read_binding, verify_binding  # noqa: E402
 from fastsac.config import Config  # noqa: E402  (Config() directly: no validation, no numpy import)
-from fastsac.machine.plan import format_plan, plan_job  # noqa: E402
+from fastsac.machine.plan import plan_job  # noqa: E402
+from fastsac.machine.plan_output import format_plan  # noqa: E402
 from fastsac.machine.topology import discover_topology, format_cpulist  # noqa: E402
 
 SEG_BYTES = 4 << 20

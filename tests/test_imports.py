@@ -1,5 +1,6 @@
 """The fastsac package's import structure: no cycles, imports only down the layers, roles that never
-import each other, torch-free layers, and no function-level import without a stated reason.
+import each other, torch-free layers, no function-level import without a stated reason, and small
+modules and functions.
 
 The cycle check reads the sources (ast), so it sees every import, also one inside a function:
 such an import still runs, and a cycle through it works only as long as the callers happen to
@@ -293,3 +294,22 @@ def test_checkpoint_does_not_import_the_shared_memory_layout():
     # checkpoint retention only asks whether a pid is alive (fastsac.common.procs)
     loaded = import_alone("fastsac.run.checkpoint")
     assert "fastsac.common.procs" in loaded and not any(m.startswith("fastsac.shm_layout") for m in loaded), loaded
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def test_modules_and_functions_stay_small():
+    """Small modules with one job, short functions: none over ~600 and ~80 lines."""
+    big, long = [], []
+    for path in sorted((REPO / "fastsac").rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            big.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.name}:{node.lineno} {node.name}: {n} lines")
+    assert not big and not long, big + long

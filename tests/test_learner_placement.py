@@ -14,7 +14,8 @@ from fake_sysfs import two_gpus, two_nodes
 from fastsac import shm_layout as shm
 from fastsac.config import ConfigError, config_from_dict
 from fastsac.launch.status import format_status, take_snapshot
-from fastsac.machine.plan import format_plan, plan_job, plan_to_json
+from fastsac.machine.plan import plan_job
+from fastsac.machine.plan_output import format_plan, plan_to_json
 from fastsac.machine.topology import discover_topology
 from fastsac.shm_layout.job_settings import job_settings
 

@@ -6,7 +6,8 @@ import pytest
 from fake_sysfs import FakeGpu, build_sysfs, four_nodes_with_holes, smt_two_nodes, two_gpus, two_nodes
 
 from fastsac.config import ConfigError, config_from_dict
-from fastsac.machine.plan import CollectorPlan, JobPlan, format_plan, plan_job, plan_to_json, split_envs
+from fastsac.machine.plan import CollectorPlan, JobPlan, plan_job, split_envs
+from fastsac.machine.plan_output import format_plan, plan_to_json
 from fastsac.machine.topology import discover_topology
 
 PY = "/opt/py/bin/python3"

@@ -23,7 +23,8 @@ from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.launch import memory_check, preflight
 from fastsac.launch.status import main as status_main
 from fastsac.launch.supervisor import Supervisor, run_numa_check
-from fastsac.machine.plan import format_plan, plan_job, plan_to_json
+from fastsac.machine.plan import plan_job
+from fastsac.machine.plan_output import format_plan, plan_to_json
 from fastsac.machine.topology import discover_topology
 from fastsac.run.checkpoint import CheckpointError, check_fresh_run_dir  # torch-free
 from fastsac.run.run_dir_lock import RunDirLock

@@ -27,7 +27,7 @@ from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.launch.evaluator_watch import EvaluatorWatch
 from fastsac.machine import memory
 from fastsac.machine.learner_plan import describe_learner
-from fastsac.machine.plan import plan_to_json
+from fastsac.machine.plan_output import plan_to_json
 from fastsac.machine.topology import format_cpulist
 from fastsac.process.setup import ALLOWED_CPUS_ENV
 from fastsac.run.numa_check import read_report, report_dir, report_path

@@ -3,7 +3,7 @@
 `plan_job(cfg, topo, ...)` is a pure function of the config, the discovered Topology and the
 launch parameters: no process is started and nothing is read from the machine (numactl's
 location is looked up on PATH unless given). The launcher executes the plan; `--plan` prints
-it with `format_plan`; tests check it field by field.
+it with `fastsac.machine.plan_output.format_plan`; tests check it field by field.
 
 Rules (the why is in docs/placement.md):
   * binding   'off': no numactl, no binding, every process on all allowed CPUs (node None).
@@ -48,7 +48,7 @@ from fastsac.machine.binding import thread_env
 from fastsac.machine.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
-    "ProcessPlan", "LearnerPlan", "CollectorPlan", "JobPlan", "plan_job", "split_envs", "format_plan", "plan_to_json",
+    "ProcessPlan", "LearnerPlan", "CollectorPlan", "JobPlan", "plan_job", "split_envs",
     "LEARNER_MODULE", "COLLECTOR_MODULE", "EVALUATOR_MODULE",
 ]
 
@@ -366,28 +366,8 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     method = _resolve_binding(ao, numactl, topo, notes)
     devices = lp.learner_devices(cfg, topo)
 
-    if method == "off":
-        have = len(topo.allowed_cpus)
-        if n > have:  # the bound case checks this per node in _cpu_slices
-            raise ConfigError(f"{_AO}.num_collectors: {n} collectors but this process may use only {have} "
-                              f"CPU{'s' if have != 1 else ''} ({format_cpulist(topo.allowed_cpus)}); every collector "
-                              f"needs its own CPU: use at most {have} collector{'s' if have != 1 else ''}")
-        learner_node, nodes, placement = None, [None] * n, "none"
-        learner_cpus, slices = topo.allowed_cpus, [topo.allowed_cpus] * n
-        learner_nodes, learner_cpu_sets = [None] * len(devices), [tuple(learner_cpus)] * len(devices)
-    else:
-        if not topo.usable_nodes:
-            raise ConfigError(f"{_AO}.numa_binding: {ao.numa_binding!r} needs a usable NUMA node but this process "
-                              "can use none: " + "; ".join(f"node {x.id}: {x.unusable_reason}" for x in topo.nodes)
-                              + "; fix the cpuset/affinity or set numa_binding: off")
-        learner_nodes = [_learner_node(cfg, topo, notes, dev) for dev in devices]
-        learner_node = learner_nodes[0]
-        nodes, placement = _collector_nodes(cfg, topo, learner_node)
-        slices = _cpu_slices(cfg, topo, nodes)
-        learner_cpus = _learner_cpus(topo, learner_node, nodes, slices, notes)
-        learner_cpu_sets = _learners_cpus(topo, learner_nodes, nodes, slices, notes) if len(devices) > 1 \
-            else [tuple(learner_cpus)]
-        _note_idle_cpus(topo, nodes, slices, learner_node, {c for s in learner_cpu_sets for c in s}, notes)
+    learner_nodes, learner_cpu_sets, nodes, slices, placement = _placement(cfg, topo, method, devices, notes)
+    learner_node = learner_nodes[0]
     notes[:] = list(dict.fromkeys(notes))   # several learners on one node would repeat its notes
     owner = lp.assign_collectors(cfg, learner_nodes, nodes)
     # a job's evaluator runs next to learner rank 0 (rank 0 logs its results); other machines plan none
@@ -440,6 +420,34 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
                    placement=placement, numactl=numactl if method == "numactl" else None,
                    config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator,
                    world_size=lp.world_size(cfg))
+
+
+def _placement(cfg: Config, topo: Topology, method: str, devices: list, notes: list[str]):
+    """(each learner's node and CPUs, each collector's node and CPU slice, the placement name)."""
+    ao, n = cfg.trainer.async_options, cfg.trainer.async_options.num_collectors
+    if method == "off":
+        have = len(topo.allowed_cpus)
+        if n > have:  # the bound case checks this per node in _cpu_slices
+            raise ConfigError(f"{_AO}.num_collectors: {n} collectors but this process may use only {have} "
+                              f"CPU{'s' if have != 1 else ''} ({format_cpulist(topo.allowed_cpus)}); every collector "
+                              f"needs its own CPU: use at most {have} collector{'s' if have != 1 else ''}")
+        nodes, placement = [None] * n, "none"
+        learner_cpus, slices = topo.allowed_cpus, [topo.allowed_cpus] * n
+        learner_nodes, learner_cpu_sets = [None] * len(devices), [tuple(learner_cpus)] * len(devices)
+    else:
+        if not topo.usable_nodes:
+            raise ConfigError(f"{_AO}.numa_binding: {ao.numa_binding!r} needs a usable NUMA node but this process "
+                              "can use none: " + "; ".join(f"node {x.id}: {x.unusable_reason}" for x in topo.nodes)
+                              + "; fix the cpuset/affinity or set numa_binding: off")
+        learner_nodes = [_learner_node(cfg, topo, notes, dev) for dev in devices]
+        learner_node = learner_nodes[0]
+        nodes, placement = _collector_nodes(cfg, topo, learner_node)
+        slices = _cpu_slices(cfg, topo, nodes)
+        learner_cpus = _learner_cpus(topo, learner_node, nodes, slices, notes)
+        learner_cpu_sets = _learners_cpus(topo, learner_nodes, nodes, slices, notes) if len(devices) > 1 \
+            else [tuple(learner_cpus)]
+        _note_idle_cpus(topo, nodes, slices, learner_node, {c for s in learner_cpu_sets for c in s}, notes)
+    return learner_nodes, learner_cpu_sets, nodes, slices, placement
 
 
 @dataclass(frozen=True)
@@ -518,91 +526,3 @@ def _note_idle_cpus(topo: Topology, nodes: list, slices: list, learner_node: int
         idle = [c for c in topo.node(nid).cpus if c not in used]
         if idle:
             notes.append(f"node {nid}: CPUs {format_cpulist(idle)} are used by no process")
-
-
-# --------------------------------------------------------------------------- output
-
-def _env_range(p: ProcessPlan) -> str:
-    if not isinstance(p, CollectorPlan):
-        return "-"
-    last = p.env_stop - 1
-    ids = str(p.env_first) if p.env_count == 1 else f"{p.env_first}-{last}"
-    return f"{ids} ({p.env_count})"
-
-
-def format_plan(plan: JobPlan) -> str:
-    """Human-readable plan: topology, one table row per process, then the exact commands."""
-    nl = len(plan.learners)
-    head = (f"job plan: {nl} learner{'s' if nl > 1 else ''} + {len(plan.collectors)} collector(s); "
-            f"NUMA binding {plan.binding}"
-            # 'auto' that binds nothing prints exactly what 'off' prints (the default job's plan)
-            + (f" (requested {plan.requested_binding})"
-               if plan.requested_binding != plan.binding and plan.binding != "off" else "")
-            + (f", placement {plan.placement}" if plan.placement != "none" else ""))
-    rows = [("process", "node", "CPUs", "envs", "seed", "device", "threads", "binding")]
-    for p in plan.processes:
-        rows.append((p.name + (" (manual)" if isinstance(p, CollectorPlan) and p.manual else ""),
-                     "-" if p.node is None else str(p.node), p.cpulist or "-", _env_range(p),
-                     str(p.seed),
-                     p.device, p.env_dict.get("OMP_NUM_THREADS", "-"), p.binding))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [head, plan.topology.describe(), ""]
-    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.append("")
-    lines.append("commands:")
-    label_w = max(len(p.name) for p in plan.processes) + 1
-    for p in plan.processes:
-        if isinstance(p, CollectorPlan) and p.manual:  # a person needs the thread env spelled out too
-            lines.append(f"  {(p.name + ':').ljust(label_w)} start by hand: {p.shell_command}")
-        else:
-            lines.append(f"  {(p.name + ':').ljust(label_w)} {p.command}")
-    lines.append("  (the launcher sets OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS, ... of each "
-                 "process to its threads column)")
-    if plan.world_size > 1:   # a one-learner job's plan reads as it always did
-        lines += lp.format_learners(plan.learners, plan.collectors)
-    notes = list(plan.notes) + list(plan.topology.notes)
-    if notes:
-        lines.append("notes:")
-        lines += [f"  - {n}" for n in notes]
-    return "\n".join(lines) + "\n"
-
-
-def _process_json(p: ProcessPlan) -> dict:
-    d = {"name": p.name, "role": p.role, "node": p.node, "cpus": list(p.cpus), "cpulist": p.cpulist,
-         "binding": p.binding, "device": p.device, "seed": p.seed, "argv": list(p.argv),
-         "command": p.command, "threads": p.threads, "env": p.env_dict}
-    if isinstance(p, CollectorPlan):
-        d.update(collector_id=p.collector_id, env_first=p.env_first, env_count=p.env_count, manual=p.manual)
-    return d
-
-
-def plan_to_json(plan: JobPlan) -> dict:
-    """The plan as plain JSON types (json.dumps-able), for `--plan --json` and test fixtures."""
-    t = plan.topology
-    return {
-        "binding": plan.binding,
-        "requested_binding": plan.requested_binding,
-        "placement": plan.placement,
-        "numactl": plan.numactl,
-        "config_path": plan.config_path,
-        "topology": {
-            "sysfs_root": t.sysfs_root, "numa_supported": t.numa_supported, "gpu_node": t.gpu_node,
-            "allowed_cpus": format_cpulist(t.allowed_cpus),
-            "nodes": [{"id": n.id, "cpus": format_cpulist(n.cpus), "all_cpus": format_cpulist(n.all_cpus),
-                       "usable": n.usable, "unusable_reason": n.unusable_reason,
-                       "mem_total_kb": n.mem_total_kb} for n in t.nodes],
-            "gpus": [{"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node} for g in t.gpus],
-            "notes": list(t.notes),
-        },
-        "learner": _process_json(plan.learner),
-        "collectors": [_process_json(c) for c in plan.collectors],
-        "notes": list(plan.notes),
-        **({"evaluator": _process_json(plan.evaluator)} if plan.evaluator else {}),
-        **({"world_size": plan.world_size,
-            "learners": [{**_process_json(p), "learner_index": p.learner_index, "global_rank": p.global_rank,
-                          "node_rank": p.node_rank,
-                          "collectors": [c.collector_id for c in plan.collectors
-                                         if c.learner_index == p.learner_index]} for p in plan.learners],
-            "collector_learners": [c.learner_index for c in plan.collectors]}
-           if plan.world_size > 1 else {}),   # a one-learner job's JSON is what it always was
-    }

@@ -410,25 +410,10 @@ def discover_topology(sysfs: str | os.PathLike | None = None, *,
     else:
         allowed = None  # resolved below: every CPU of the fake tree
 
-    node_cpus: dict[int, tuple[int, ...]] = {}
-    for nid in node_ids:
-        text = _read(node_dir / f"node{nid}" / "cpulist")
-        try:
-            node_cpus[nid] = parse_cpulist(text or "")
-        except ValueError as exc:
-            notes.append(f"node {nid}: unreadable cpulist ({exc}); treated as no CPUs")
-            node_cpus[nid] = ()
+    node_cpus = _node_cpus(node_dir, node_ids, notes)
     if not numa_supported:
         # Non-NUMA kernel (CONFIG_NUMA=n) or a sysfs without node/: one node 0 holding every CPU.
-        cpus = allowed
-        if cpus is None:
-            online = _read(root / "devices" / "system" / "cpu" / "online")
-            try:
-                cpus = parse_cpulist(online) if online else ()
-            except ValueError:
-                cpus = ()
-            if not cpus:
-                cpus = tuple(sorted(os.sched_getaffinity(0)))
+        cpus = allowed if allowed is not None else _online_cpus(root)
         node_ids, node_cpus = [0], {0: tuple(cpus)}
         notes.append(f"no NUMA nodes in {node_dir}: one node 0 with all {len(cpus)} allowed CPUs")
     if allowed is None:
@@ -452,25 +437,53 @@ def discover_topology(sysfs: str | os.PathLike | None = None, *,
     nodes = []
     for nid in node_ids:
         usable_cpus = tuple(c for c in node_cpus[nid] if c in allowed_set)
-        distances: tuple[int, ...] = ()
-        if numa_supported:
-            dist_text = _read(node_dir / f"node{nid}" / "distance")
-            if dist_text:
-                try:
-                    distances = tuple(int(x) for x in dist_text.split())
-                except ValueError:
-                    pass
         meminfo = _node_meminfo_kb(node_dir / f"node{nid}" / "meminfo") if numa_supported else (None, None)
         nodes.append(NumaNode(
             id=nid, cpus=usable_cpus, all_cpus=node_cpus[nid],
             cores=_group_cores(root, usable_cpus),
             mem_allowed=nid in mems, has_memory=nid in with_memory,
             mem_total_kb=meminfo[0], mem_available_kb=meminfo[1],
-            distances=distances))
-
-    # GPU node.
+            distances=_distances(node_dir, nid) if numa_supported else ()))
     all_gpus = _nvidia_gpus(root)
     gpus = _visible_gpus(all_gpus, cuda_visible_devices, notes)
+    return Topology(nodes=tuple(nodes), gpu_node=_gpu_node(all_gpus, gpus, gpu_pci_bus_id, node_ids, notes),
+                    gpus=tuple(gpus), allowed_cpus=allowed, numa_supported=numa_supported, sysfs_root=str(root),
+                    notes=tuple(notes))
+
+
+def _node_cpus(node_dir: Path, node_ids: list[int], notes: list[str]) -> dict[int, tuple[int, ...]]:
+    out: dict[int, tuple[int, ...]] = {}
+    for nid in node_ids:
+        text = _read(node_dir / f"node{nid}" / "cpulist")
+        try:
+            out[nid] = parse_cpulist(text or "")
+        except ValueError as exc:
+            notes.append(f"node {nid}: unreadable cpulist ({exc}); treated as no CPUs")
+            out[nid] = ()
+    return out
+
+
+def _online_cpus(root: Path) -> tuple[int, ...]:
+    """Every online CPU of a tree without NUMA nodes (else this process's affinity)."""
+    online = _read(root / "devices" / "system" / "cpu" / "online")
+    try:
+        cpus = parse_cpulist(online) if online else ()
+    except ValueError:
+        cpus = ()
+    return cpus or tuple(sorted(os.sched_getaffinity(0)))
+
+
+def _distances(node_dir: Path, nid: int) -> tuple[int, ...]:
+    text = _read(node_dir / f"node{nid}" / "distance")
+    try:
+        return tuple(int(x) for x in text.split()) if text else ()
+    except ValueError:
+        return ()
+
+
+def _gpu_node(all_gpus: list[GpuDevice], gpus: list[GpuDevice], gpu_pci_bus_id: str | None, node_ids,
+              notes: list[str]) -> int:
+    """The chosen GPU's node (the first visible one, or the one named by bus id); -1 unknown."""
     gpu_node = -1
     chosen: GpuDevice | None = gpus[0] if gpus else None
     if gpu_pci_bus_id:
@@ -494,6 +507,4 @@ def discover_topology(sysfs: str | os.PathLike | None = None, *,
                          "not a node of this machine: GPU node unknown")
         else:
             gpu_node = chosen.numa_node
-
-    return Topology(nodes=tuple(nodes), gpu_node=gpu_node, gpus=tuple(gpus), allowed_cpus=allowed,
-                    numa_supported=numa_supported, sysfs_root=str(root), notes=tuple(notes))
+    return gpu_node

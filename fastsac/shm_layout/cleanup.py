@@ -41,10 +41,6 @@ class StaleSegment:
     reason: str
     attached_pids: tuple[int, ...] = ()   # processes still attached (orphans), if known
 
-    @property
-    def remove_command(self) -> str:
-        return cleanup_command(self.job)
-
 
 @dataclass(frozen=True)
 class _Found:

@@ -54,6 +54,29 @@ def start(*overrides: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def two_machines(tmp_path, jobs: tuple[str, str], *extra: str, iterations: int = 100000,
+                 per_machine=((), ())) -> tuple[list[subprocess.Popen], list[Path]]:
+    """Two launchers on loopback as machines 0 and 1 of one job (node_rank 0 hosts the rendezvous)."""
+    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
+    procs = [start(*small(job, run, iterations=iterations), "distributed.nnodes=2", f"distributed.node_rank={rank}",
+                   f"distributed.master_port={port}", *extra, *per_machine[rank])
+             for rank, (job, run) in enumerate(zip(jobs, runs))]
+    return procs, runs
+
+
+def wait_trained(job: str) -> None:
+    """Until the learner of that machine's job has done an update."""
+    def trained():
+        ctl = observe(job)
+        if ctl is None:
+            return False
+        try:
+            return ctl.learner["num_updates"] > 0
+        finally:
+            ctl.close()
+    wait_for(trained, 120, "the group to train")
+
+
 def finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
     """Every launcher's output once it exited; on a hang kill them all (the test fails)."""
     deadline, outs = time.monotonic() + timeout, []
@@ -89,9 +112,7 @@ def test_two_learners_train_one_model(tmp_path, job_name):
 
 @pytest.mark.process
 def test_two_machines_simulated_by_two_launchers(tmp_path, job_name, job_name2):
-    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
-    procs = [start(*small(job, run), "distributed.nnodes=2", f"distributed.node_rank={rank}",
-                   f"distributed.master_port={port}") for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    procs, runs = two_machines(tmp_path, (job_name, job_name2), iterations=16)
     outs = finish(procs, 180)
     assert [p.returncode for p in procs] == [0, 0], outs
     d0, d1 = digests(runs[0]), digests(runs[1])
@@ -105,10 +126,7 @@ def test_two_machines_simulated_by_two_launchers(tmp_path, job_name, job_name2):
 
 @pytest.mark.process
 def test_a_killed_learner_stops_both_machines_naming_its_rank(tmp_path, job_name, job_name2):
-    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
-    procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",
-                   f"distributed.master_port={port}", "distributed.timeout_s=15")
-             for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    procs, runs = two_machines(tmp_path, (job_name, job_name2), "distributed.timeout_s=15")
     try:
         def running():
             ctl = observe(job_name2)
@@ -170,19 +188,9 @@ def test_a_rank_waiting_for_rank_0s_slow_checkpoint_is_not_taken_for_hung(tmp_pa
 
 @pytest.mark.process
 def test_sigterm_on_one_machine_stops_every_machine_gracefully(tmp_path, job_name, job_name2):
-    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
-    procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",
-                   f"distributed.master_port={port}") for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    procs, runs = two_machines(tmp_path, (job_name, job_name2))
     try:
-        def trained():
-            ctl = observe(job_name)
-            if ctl is None:
-                return False
-            try:
-                return ctl.learner["num_updates"] > 0
-            finally:
-                ctl.close()
-        wait_for(trained, 120, "the group to train")
+        wait_trained(job_name)
         os.kill(procs[1].pid, signal.SIGTERM)          # machine 1's launcher only
     finally:
         outs = finish(procs, 90)
@@ -192,22 +200,13 @@ def test_sigterm_on_one_machine_stops_every_machine_gracefully(tmp_path, job_nam
     assert job_segments(job_name) == job_segments(job_name2) == []
 
 
+@pytest.mark.process
 def test_a_killed_launcher_of_machine_0_fails_machine_1_naming_rank_0(tmp_path, job_name, job_name2):
     # before: rank 1 printed "finished" and exited 0 at a fraction of the budget, so systemd's
     # Restart=on-failure never restarted it
-    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
-    procs = [start(*small(job, run, iterations=100000), "distributed.nnodes=2", f"distributed.node_rank={rank}",
-                   f"distributed.master_port={port}") for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    procs, runs = two_machines(tmp_path, (job_name, job_name2))
     try:
-        def trained():
-            ctl = observe(job_name2)
-            if ctl is None:
-                return False
-            try:
-                return ctl.learner["num_updates"] > 0
-            finally:
-                ctl.close()
-        wait_for(trained, 120, "the group to train")
+        wait_trained(job_name2)
         os.kill(procs[0].pid, signal.SIGKILL)          # machine 0's launcher only; its learner lives on
     finally:
         outs = finish(procs, 90)
@@ -219,13 +218,11 @@ def test_a_killed_launcher_of_machine_0_fails_machine_1_naming_rank_0(tmp_path, 
     assert job_segments(job_name2) == []
 
 
+@pytest.mark.process
 def test_machines_with_different_settings_all_exit_2_naming_the_keys(tmp_path, job_name, job_name2):
     # before: both trained to the end and exited 0, averaging gradients of different objectives
-    port, runs = free_port(), [tmp_path / "node0", tmp_path / "node1"]
     differ = [["algo.gamma=0.99", "algo.batch_size=64"], ["algo.gamma=0.9", "algo.batch_size=32"]]
-    procs = [start(*small(job, run), "distributed.nnodes=2", f"distributed.node_rank={rank}",
-                   f"distributed.master_port={port}", *differ[rank])
-             for rank, (job, run) in enumerate(zip((job_name, job_name2), runs))]
+    procs, runs = two_machines(tmp_path, (job_name, job_name2), iterations=16, per_machine=differ)
     outs = finish(procs, 120)
     assert [p.returncode for p in procs] == [2, 2], outs
     for rank, other in ((0, 1), (1, 0)):

@@ -208,7 +208,7 @@ def _processes_naming(text: str) -> list[int]:
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("mode", ["sync", "async1"])
+@pytest.mark.parametrize("mode", ["async1"])    # a launcher and its children: the harder case
 def test_a_stopped_benchmark_stops_the_job_it_started(tmp_path, mode):
     # before: a benchmark ended by `timeout` left its job running (half an hour at 170% CPU)
     import signal

@@ -60,8 +60,7 @@ def test_output_into_a_closed_pipe_exits_quietly(tmp_path, args):
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("mode", ["sync", "async"])
-@pytest.mark.parametrize("delay_s", [0.15, 0.4, 1.0, 2.5])
+@pytest.mark.parametrize("mode, delay_s", [("sync", 0.4), ("sync", 1.0), ("async", 0.15), ("async", 2.5)])
 def test_ctrl_c_while_the_launcher_starts_is_one_line_not_a_traceback(tmp_path, job_name, mode, delay_s):
     """SIGINT (what a terminal's Ctrl-C sends) while Python imports the launcher, torch, builds the
     envs or spawns the job: exit 130 with one line before the job's own handling is in place,

@@ -54,7 +54,7 @@ def build_sysfs(root: Path, nodes: Mapping[int, str] | None, *, gpus: Sequence[F
             all_cpus.update(parse_cpulist(nodes[nid]))
             (d / "distance").write_text(" ".join("10" if o == nid else "20" for o in ids) + "\n")
             (d / "meminfo").write_text(f"Node {nid} MemTotal:       {1024 * 1024 * (nid + 1)} kB\n"
-                                       f"Node {nid} MemFree:        1000 kB\n")
+                                       f"Node {nid} MemFree:        {1024 * 1024 * (nid + 1) // 2} kB\n")
         for name in ("online", "possible"):
             (node_dir / name).write_text(format_cpulist(ids) + "\n")
         if has_memory is not None:

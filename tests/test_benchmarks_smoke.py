@@ -195,46 +195,6 @@ def test_bench_neighbour_pairs_quiet_and_busy_runs():
     assert re.search(r"^\| sync \| [\d.]+ \| [\d.]+ \| [\d.]+x \[", out, re.M), out
 
 
-def _processes_naming(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
-@pytest.mark.process
-@pytest.mark.parametrize("mode", ["async1"])    # a launcher and its children: the harder case
-def test_a_stopped_benchmark_stops_the_job_it_started(tmp_path, mode):
-    # before: a benchmark ended by `timeout` left its job running (half an hour at 170% CPU)
-    import signal
-    import time
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "bench_learning.py"), "--smoke", "--modes",
-                             mode, "--seeds", "1", "--out", str(tmp_path), "trainer.num_iterations=100000"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not [p for p in _processes_naming(str(tmp_path)) if p != proc.pid] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3.0)                                      # the job is up (its learner and collector too)
-        proc.send_signal(signal.SIGTERM)                     # what `timeout` sends, to the benchmark only
-        proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 10
-    while _processes_naming(str(tmp_path)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _processes_naming(str(tmp_path)), "the benchmark's job outlived it"
-    assert not list(Path("/dev/shm").glob(f"fastsac.bl{proc.pid % 10000}*")), "the benchmark's job left segments"
-
-
 def test_bench_acceptance_rates_are_steps_over_elapsed_time():
     spec = importlib.util.spec_from_file_location("bench_acceptance", REPO / "benchmarks" / "bench_acceptance.py")
     bench = importlib.util.module_from_spec(spec)

@@ -66,8 +66,10 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line_not_a_traceback(tmp_path, 
     envs or spawns the job: exit 130 with one line before the job's own handling is in place,
     a graceful stop (0) after; never a KeyboardInterrupt traceback, no segment left."""
     cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": mode == "async"})
+    # SIGINT as a terminal delivers it: a test run in the background (nohup, `&`) ignores it, which children inherit
     proc = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         time.sleep(delay_s)
         proc.send_signal(signal.SIGINT)

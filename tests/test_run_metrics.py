@@ -97,7 +97,8 @@ def test_a_run_says_when_it_started_how_far_it_is_and_sums_up_at_the_end(tmp_pat
     progress = [x for x in out.splitlines() if re.match(r"^\[\d+/30\] ", x)]
     assert progress and all("return - (no episode ended yet; episodes are 200 steps)" in x for x in progress), out
     assert re.search(r"\| \d+s, ETA \d+s$", progress[-1]), progress[-1]
-    assert any(" | eval -" in x for x in progress), out                 # the eval return, once known
+    if mode == "sync":   # inline eval comes before the next line; the evaluator process may answer after the last
+        assert any(" | eval -" in x for x in progress), out             # the eval return, once known
     summary = out[out.index("run summary: "):]
     for needed in ("240 env steps", "eval return (deterministic, 2 episodes): final", "best",
                    f"checkpoint: {run / 'checkpoints'}", f"tensorboard --logdir {run / 'tb'}",

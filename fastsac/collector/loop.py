@@ -46,7 +46,7 @@ class CollectorError(RuntimeError):
 
 
 class Collector:
-    def __init__(self, ctx, role: str, stop: StopSignal | None = None):
+    def __init__(self, ctx, role: str, stop: StopSignal):
         self.role = role
         cfg, me = ctx.cfg, ctx.me
         self.cfg, self.cid, self.ao = cfg, me.collector_id, cfg.trainer.async_options
@@ -62,7 +62,7 @@ class Collector:
         self.node_rank = cfg.distributed.node_rank
         # building the envs can take a minute (8k MuJoCo envs, a large EnvPool pool) and creates
         # nothing shared yet: a stop ends it at once (the launcher signals a collector still starting)
-        with ending_at_once(stop or StopSignal()):
+        with ending_at_once(stop):
             self.env = make_env(cfg.env.name, me.env_count, seed=cfg.seed,
                                 first_env_id=me.env_first + machine_env_offset(cfg),
                                 max_episode_steps=cfg.env.max_episode_steps, num_threads=me.threads)

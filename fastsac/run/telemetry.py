@@ -31,10 +31,6 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def fmt(value: float, spec: str = ".1f") -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
-
 METRICS_FILE = "metrics.jsonl"
 
 

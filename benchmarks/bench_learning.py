@@ -11,13 +11,17 @@ What is measured is the deterministic evaluation: eval/mean_return of fastsac's 
 (eval.* of the config; separate envs, never a training seed), the same number of deterministic
 episodes for SB3 on separate envs. The training clock excludes evaluation time where evaluation
 blocks training (the sync trainer's inline evaluation, SB3's); the async trainer evaluates in a
-process of its own, which costs it CPU but not time.
+process of its own, which costs it CPU but not time. Every run also ends with a final evaluation
+of the policy it holds when its budget is spent (fastsac-eval on the final checkpoint, SB3's
+model in its own process; --final-episodes episodes, off the clock): the return a user stopping
+at the budget gets, not the last periodic evaluation up to an eval interval earlier.
 
 Reported, per run and aggregated over seeds (benchmarks/learning_stats.py): the return at fixed
 env steps and wall-clock points, the final return, steps and seconds to --threshold, and for
 each mode the wall-clock it needs to reach the peer's final return. Written to --out:
-curves.csv (every eval point of every run, appended as each run ends: a rerun with the same
---out skips the runs it holds, so an interruption loses nothing), summary.md and
+curves.csv (every eval point of every run, appended as each run ends, kind "periodic" or
+"final": a rerun with the same --out skips the runs it holds and gives a held fastsac run
+without a final row its final evaluation from its run_dir, so an interruption loses nothing), summary.md and
 curves_steps.png / curves_seconds.png (every mode on the same axes).
 
     python benchmarks/bench_learning.py configs/halfcheetah_cpu.yaml --modes sync sb3 --seeds 1 2 3 \\
@@ -35,6 +39,7 @@ import argparse
 import csv
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,10 +59,13 @@ MODES = {
                "trainer.async_options.num_collectors=2", "trainer.async_options.numa_binding=inprocess"],
     "sb3": [],
 }
-CSV_FIELDS = ("mode", "seed", "env_steps", "seconds", "mean_return")
+CSV_FIELDS = ("mode", "seed", "env_steps", "seconds", "mean_return", "kind")
+PERIODIC, FINAL = "periodic", "final"     # the kinds of eval point
 SMOKE_CONFIG = "configs/quickstart.yaml"
 SMOKE_OVERRIDES = ["trainer.num_iterations=60", "algo.learning_starts=10", "eval.interval=20", "eval.episodes=2",
                    "eval.num_envs=2", "logging.interval=20", "logging.interval_s=1", "checkpoint.interval=0"]
+EVAL_STEPS_RE = re.compile(r"env step ([\d,]+)")       # fastsac-eval's first line: the checkpoint's env step
+EVAL_RETURN_RE = re.compile(r"^return: mean (\S+)", re.M)
 STOP_GRACE_S = 120.0      # after SIGTERM: the final checkpoint, then the process group is killed
 
 
@@ -108,6 +116,23 @@ def fastsac_curve(run_dir: Path, t0: float, inline_eval: bool) -> list[Point]:
     return curve
 
 
+def final_eval(run_dir: Path, episodes: int, log: Path) -> tuple[int, float]:
+    """(env steps, mean return) of deterministic episodes of the run's newest checkpoint, by
+    fastsac-eval in a process of its own (its output appended to log)."""
+    cmd = [sys.executable, "-m", "fastsac.tools.evaluate", str(run_dir), "--episodes", str(episodes)]
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+    proc = CHILDREN.start(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    text, _ = proc.communicate()
+    CHILDREN.forget(proc)
+    with open(log, "a") as f:
+        f.write(text)
+    steps, ret = EVAL_STEPS_RE.search(text), EVAL_RETURN_RE.search(text)
+    if proc.returncode != 0 or not steps or not ret:
+        raise RuntimeError(f"final evaluation of {run_dir} failed (exit {proc.returncode}); see {log}")
+    return int(steps.group(1).replace(",", "")), float(ret.group(1))
+
+
 def run_fastsac(args, mode: str, seed: int, out: Path) -> list[Point]:
     run_dir = out / "runs" / f"{mode}_s{seed}"
     cmd = [sys.executable, "-m", "fastsac.launcher", args.config, *MODES[mode], f"seed={seed}",
@@ -115,11 +140,13 @@ def run_fastsac(args, mode: str, seed: int, out: Path) -> list[Point]:
            *args.overrides]
     inline_eval = mode == "sync"          # the sync trainer stops training to evaluate
     t0 = time.time()
-    rc = run_for(cmd, out / "runs" / f"{mode}_s{seed}.log", args.budget_s,
-                 uncounted=lambda: eval_seconds(run_dir) if inline_eval else 0.0)
+    log = out / "runs" / f"{mode}_s{seed}.log"
+    rc = run_for(cmd, log, args.budget_s, uncounted=lambda: eval_seconds(run_dir) if inline_eval else 0.0)
+    trained_s = min(args.budget_s, time.time() - t0 - (eval_seconds(run_dir) if inline_eval else 0.0))
     if rc not in (0, -signal.SIGTERM):
-        raise RuntimeError(f"{mode} seed {seed} failed (exit {rc}); see {out / 'runs' / f'{mode}_s{seed}.log'}")
-    return fastsac_curve(run_dir, t0, inline_eval)
+        raise RuntimeError(f"{mode} seed {seed} failed (exit {rc}); see {log}")
+    steps, ret = final_eval(run_dir, args.final_episodes, log)
+    return fastsac_curve(run_dir, t0, inline_eval) + [(steps, trained_s, ret)]
 
 
 def run_sb3(args, seed: int, out: Path) -> list[Point]:
@@ -127,33 +154,54 @@ def run_sb3(args, seed: int, out: Path) -> list[Point]:
     cmd = [sys.executable, str(REPO / "benchmarks" / "sb3_peer.py"), "--env", args.sb3_env, "--seed", str(seed),
            "--budget-s", str(args.budget_s), "--eval-every", str(args.sb3_eval_every),
            "--eval-episodes", str(args.sb3_eval_episodes), "--learning-starts", str(args.sb3_learning_starts),
-           "--max-steps", str(args.sb3_max_steps), "--csv", str(path)]
+           "--max-steps", str(args.sb3_max_steps), "--final-episodes", str(args.final_episodes), "--csv", str(path)]
     rc = run_for(cmd, out / "runs" / f"sb3_s{seed}.log", args.budget_s * 2 + 60)   # it stops itself on its clock
     if rc != 0:
         raise RuntimeError(f"sb3 seed {seed} failed (exit {rc}); see {out / 'runs' / f'sb3_s{seed}.log'}")
     with open(path) as f:
-        return [(int(r["env_steps"]), float(r["seconds"]), float(r["mean_return"])) for r in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
+    if not rows or rows[-1]["kind"] != FINAL:
+        raise RuntimeError(f"sb3 seed {seed} wrote no final evaluation; see {path}")
+    return [(int(r["env_steps"]), float(r["seconds"]), float(r["mean_return"])) for r in rows]
 
 
 # --------------------------------------------------------------------------- curves on disk
-def load_curves(path: Path) -> dict[tuple[str, int], list[Point]]:
+def load_curves(path: Path) -> tuple[dict[tuple[str, int], list[Point]], set[tuple[str, int]]]:
+    """The curves of path, and the runs among them that have their final evaluation (the last point)."""
     curves: dict[tuple[str, int], list[Point]] = {}
+    finished: set[tuple[str, int]] = set()
     if path.exists():
         with open(path) as f:
             for r in csv.DictReader(f):
-                curves.setdefault((r["mode"], int(r["seed"])), []).append(
-                    (int(r["env_steps"]), float(r["seconds"]), float(r["mean_return"])))
-    return curves
+                key = (r["mode"], int(r["seed"]))
+                curves.setdefault(key, []).append((int(r["env_steps"]), float(r["seconds"]), float(r["mean_return"])))
+                if r["kind"] == FINAL:
+                    finished.add(key)
+    return curves, finished
 
 
 def append_curve(path: Path, mode: str, seed: int, curve: list[Point]) -> None:
+    """Append a run's points; the last one is its final evaluation."""
     new = not path.exists()
     with open(path, "a", newline="") as f:
         w = csv.writer(f)
         if new:
             w.writerow(CSV_FIELDS)
-        for steps, seconds, ret in curve:
-            w.writerow((mode, seed, steps, round(seconds, 2), round(ret, 2)))
+        for n, (steps, seconds, ret) in enumerate(curve, 1):
+            kind = FINAL if n == len(curve) else PERIODIC
+            w.writerow((mode, seed, steps, round(seconds, 2), round(ret, 2), kind))
+
+
+def finish_held_run(args, mode: str, seed: int, out: Path, csv_path: Path) -> Point | None:
+    """The final evaluation of a held fastsac run that has none (its run_dir's newest checkpoint,
+    at the budget on the training clock), appended to csv_path; None where its run_dir is gone."""
+    run_dir = out / "runs" / f"{mode}_s{seed}"
+    if mode == "sb3" or not run_dir.is_dir():
+        return None
+    steps, ret = final_eval(run_dir, args.final_episodes, out / "runs" / f"{mode}_s{seed}.log")
+    point = (steps, args.budget_s, ret)
+    append_curve(csv_path, mode, seed, [point])
+    return point
 
 
 # --------------------------------------------------------------------------- report
@@ -245,6 +293,7 @@ def main() -> int:
     p.add_argument("--sb3-eval-episodes", type=int, default=10)
     p.add_argument("--sb3-learning-starts", type=int, default=10_000)
     p.add_argument("--sb3-max-steps", type=int, default=1_000_000)
+    p.add_argument("--final-episodes", type=int, default=10, help="episodes of each run's final evaluation")
     p.add_argument("--out", required=True, help="folder for curves.csv, summary.md, the plots and the run logs")
     p.add_argument("--smoke", action="store_true", help="the smallest size: quick start, seconds per run")
     p.add_argument("--report", action="store_true", help="run nothing: the table and plots of --out's curves.csv")
@@ -253,17 +302,22 @@ def main() -> int:
         args.config, args.overrides = args.config or SMOKE_CONFIG, [*SMOKE_OVERRIDES, *args.overrides]
         args.threshold, args.at_steps, args.at_seconds = -1000.0, [640, 1280], [5.0]
         args.sb3_env, args.sb3_eval_every, args.sb3_eval_episodes = "Pendulum-v1", 200, 2
-        args.sb3_learning_starts, args.sb3_max_steps = 100, 600
+        args.sb3_learning_starts, args.sb3_max_steps, args.final_episodes = 100, 600, 2
     if args.config is None and not args.report:
         p.error("a config is needed (or --smoke, or --report)")
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     csv_path = out / "curves.csv"
-    curves = load_curves(csv_path)
+    curves, finished = load_curves(csv_path)
     for seed in [] if args.report else args.seeds:
         for mode in args.modes:              # interleaved: machine noise hits every mode alike
             if (mode, seed) in curves:
-                print(f"{mode} seed {seed}: in {csv_path} already, skipped", flush=True)
+                point = None if (mode, seed) in finished else finish_held_run(args, mode, seed, out, csv_path)
+                if point:
+                    curves[(mode, seed)].append(point)
+                print(f"{mode} seed {seed}: in {csv_path} already, skipped"
+                      + (f"; its final evaluation: {point[2]:.1f} at {point[0]:,} env steps" if point else ""),
+                      flush=True)
                 continue
             curve = run_sb3(args, seed, out) if mode == "sb3" else run_fastsac(args, mode, seed, out)
             if not curve:

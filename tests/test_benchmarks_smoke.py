@@ -159,7 +159,8 @@ def bench_learning(out: Path, modes: list[str]) -> tuple[str, str]:
     stdout = run_benchmark("bench_learning.py", "--smoke", "--modes", *modes, "--seeds", "1", "--out", str(out),
                            timeout=300)
     rows = (out / "curves.csv").read_text().splitlines()
-    assert rows[0] == "mode,seed,env_steps,seconds,mean_return", rows[:2]
+    assert rows[0] == "mode,seed,env_steps,seconds,mean_return,kind", rows[:2]
+    assert sorted(r.split(",")[0] for r in rows[1:] if r.endswith(",final")) == sorted(modes), rows  # one each
     assert {r.split(",")[0] for r in rows[1:]} == set(modes), rows
     summary = (out / "summary.md").read_text()
     for mode in modes:
@@ -173,10 +174,15 @@ def bench_learning(out: Path, modes: list[str]) -> tuple[str, str]:
 @pytest.mark.process
 def test_bench_learning_reports_eval_curves_of_every_fastsac_mode(tmp_path):
     bench_learning(tmp_path, ["sync", "async1", "async2"])
-    # a second run with the same --out skips every run it already holds
+    # a second run with the same --out skips every run it already holds, and gives a held run
+    # without its final evaluation (a CSV from before final rows) that evaluation from its run_dir
+    csv_path = tmp_path / "curves.csv"
+    rows = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join(r for r in rows if not r.startswith("sync,") or not r.endswith(",final")) + "\n")
     again = run_benchmark("bench_learning.py", "--smoke", "--modes", "sync", "async1", "--seeds", "1",
                           "--out", str(tmp_path))
-    assert again.count("already, skipped") == 2, again
+    assert again.count("already, skipped") == 2 and again.count("its final evaluation: ") == 1, again
+    assert csv_path.read_text().splitlines()[-1].startswith("sync,1,"), "the final row is appended"
     assert not list(Path("/dev/shm").glob("fastsac.bl*")), "bench_learning left segments behind"
 
 

@@ -22,6 +22,7 @@ from fastsac.config import Config
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.run import state as run_state
 from fastsac.run.eval_episodes import InlineEvaluator
+from fastsac.run.schedule import RunSchedule
 from fastsac.run.telemetry import Telemetry
 from fastsac.run.thread_tuner import ThreadTuner
 from fastsac.run.torch_runtime import configure_torch, resolve_device
@@ -55,6 +56,7 @@ def train_sync(cfg: Config) -> int:
     # eval.*: deterministic episodes on separate envs, inline (the sync trainer has no other process)
     evaluator = InlineEvaluator(cfg, lambda o: agent.act(torch.as_tensor(o).to(device), deterministic=True).cpu()
                                 .numpy(), env_steps)
+    schedule = RunSchedule(cfg.checkpoint.interval, n, cfg.trainer.num_iterations * n, env_steps)
     rows = slice(0, n)
     stepping = env.describe_stepping()
     log.line(f"fastsac sync: {cfg.env.name} x{n} envs{f' ({stepping})' if stepping else ''} on {device}, "
@@ -81,19 +83,18 @@ def train_sync(cfg: Config) -> int:
             telemetry.learn_time += spent
             if threads is not None:
                 threads.record(spent, cfg.algo.num_updates)
-        last_iteration = it + 1 == cfg.trainer.num_iterations
         with torch.no_grad():
             result = evaluator.maybe_run(env_steps, agent.num_updates_done)
         if result is not None:
             telemetry.log_eval(result)
-        if telemetry.due(env_steps) and not last_iteration:
+        if telemetry.due(env_steps) and not schedule.finished(env_steps):   # finish() logs the last
             telemetry.log(env_steps, agent.num_updates_done, episodes.totals())
-        if cfg.checkpoint.interval and (it + 1) % cfg.checkpoint.interval == 0 and not last_iteration:
+        if schedule.checkpoint_due(env_steps):
             try:
                 run_state.save(cfg, spec, agent, env_steps)
             except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
                 print(f"fastsac sync: error: {exc}; training goes on, next try at iteration "
-                      f"{it + 1 + cfg.checkpoint.interval:,}", file=sys.stderr, flush=True)
+                      f"{schedule.next_checkpoint_it:,}", file=sys.stderr, flush=True)
     try:
         return finish(cfg, spec, agent, env_steps, telemetry, episodes)
     finally:

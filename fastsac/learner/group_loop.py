@@ -33,7 +33,7 @@ from fastsac.common.pacing import BackgroundBeat, beat_period
 from fastsac.common.seeds import learner_torch_seed
 from fastsac.common.stopping import StopSignal
 from fastsac.learner.distributed import DistributedError, LearnerGroup
-from fastsac.learner.loop import ATTACH_RETRY_S, Learner
+from fastsac.learner.loop import ATTACH_RETRY_S, Learner, StartState
 from fastsac.learner.telemetry import LearnerTelemetry
 from fastsac.machine.ranks import node_of
 from fastsac.process.setup import log
@@ -83,15 +83,9 @@ class GroupTelemetry(LearnerTelemetry):
 
 class GroupLearner(Learner):
     def __init__(self, ctx):
-        super().__init__(ctx)
-        if not self.group.is_root:
-            self.evaluation.enabled = False   # the job's evaluator is rank 0's: it logs the results
-
-    # ------------------------------------------------------------------ set-up (called by Learner.__init__)
-    def restore(self) -> int:
-        cfg, me = self.cfg, self.me
-        self.group = LearnerGroup.join(cfg, me.learner_index, self.device, lambda m: log(ROLE, m))
-        self.writes_checkpoints = self.group.is_root
+        # Its own state first: Learner.__init__ calls start_state, which joins the group.
+        self.group: LearnerGroup | None = None
+        self.beat_blocked: BackgroundBeat | None = None
         self.job: dict = {}
         self.global_ready = False
         self.group_stop: str | None = None
@@ -101,30 +95,36 @@ class GroupLearner(Learner):
         self._last_stats: dict[int, dict] = {}
         self.quota: int | None = None   # env steps this rank ingests in this run (see ingest_limit)
         self.own_ingested = 0
+        super().__init__(ctx)
+        if not self.group.is_root:
+            self.evaluation.enabled = False   # the job's evaluator is rank 0's: it logs the results
+
+    # ------------------------------------------------------------------ set-up (called by Learner.__init__)
+    def start_state(self) -> StartState:
+        cfg, me = self.cfg, self.me
+        self.group = LearnerGroup.join(cfg, me.learner_index, self.device, lambda m: log(ROLE, m))
         # Rank 0's checkpoint is the job's: only it reads one; broadcast_agent gives it to everyone.
-        env_steps = super().restore() if self.group.is_root else 0
+        env_steps = super().start_state().env_steps if self.group.is_root else 0
         self.group.broadcast_agent(self.agent)
         self.group.install(self.agent)
         first = me.learner_index == 0   # each machine's batch and budget, counted once
         sums, _ = self.group.exchange({
             "start": env_steps, "envs": cfg.env.num_envs if first else 0,
             "budget": cfg.trainer.num_iterations * cfg.env.num_envs if first else 0})
-        self.batch_envs, self._budget = int(sums["envs"]), int(sums["budget"])
+        start = StartState(env_steps=int(sums["start"]), batch_envs=int(sums["envs"]),
+                           total_env_steps=int(sums["budget"]), writes_checkpoints=self.group.is_root)
         # every rank samples its own replay rows: their streams need not (and should not) be equal
         torch.manual_seed(learner_torch_seed(cfg.seed, self.group.rank))
         self.beat_blocked = BackgroundBeat(self.ctl.learner, beat_period(self.ao.heartbeat_timeout_s))
         log(ROLE, f"learner rank {self.group.rank} of {self.group.world_size}: {len(self.plan.collectors)} "
                   f"collector(s) on this machine, {self.buffer.num_envs} env rows here; "
-                  f"job: {self.batch_envs} envs per env-step batch, {self._budget:,} env steps")
-        return int(sums["start"])
-
-    def budget(self) -> int:
-        return self._budget
+                  f"job: {start.batch_envs} envs per env-step batch, {start.total_env_steps:,} env steps")
+        return start
 
     def make_telemetry(self) -> LearnerTelemetry:
         view = copy.deepcopy(self.cfg)   # the job's iterations: env-step batches of all machines' envs
         view.env.num_envs = self.batch_envs
-        view.trainer.num_iterations = max(1, self._budget // self.batch_envs)
+        view.trainer.num_iterations = max(1, self.total_env_steps // self.batch_envs)
         view.logging.tensorboard = view.logging.tensorboard and self.group.is_root
         view.logging.console = view.logging.console and self.group.is_root
         return GroupTelemetry(self, view, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
@@ -260,10 +260,10 @@ class GroupLearner(Learner):
         return 1
 
     def close(self) -> None:
-        beat = getattr(self, "beat_blocked", None)
-        if beat is not None:
-            beat.close()   # before the control block goes away under it
+        if self.beat_blocked is not None:
+            self.beat_blocked.close()   # before the control block goes away under it
         try:
             super().close()
         finally:
-            self.group.close()
+            if self.group is not None:
+                self.group.close()

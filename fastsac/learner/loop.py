@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from fastsac.learner.staging import IngestStaging
 from fastsac.learner.telemetry import LearnerTelemetry
 from fastsac.process.setup import log
 from fastsac.run import state as run_state
+from fastsac.run.schedule import RunSchedule
 from fastsac.run.thread_tuner import ThreadTuner
 from fastsac.run.torch_runtime import resolve_device
 from fastsac.shm_layout.job_settings import check_against_job
@@ -33,6 +35,15 @@ ROLE = "learner"
 ATTACH_RETRY_S = 0.2     # how often missing rings/snapshots are looked for (collectors create them)
 STATUS_INTERVAL_S = 0.5  # the control block's status records (fastsac-launch --status) refresh cadence
 WAIT_REPORT_S = 10.0     # how often the console repeats which collectors the job still waits for
+
+
+@dataclass(frozen=True)
+class StartState:
+    """Where a learner starts: its job's position and size, restored from a checkpoint or fresh."""
+    env_steps: int            # the job's env steps so far (0 = a fresh run)
+    batch_envs: int           # transitions of one env-step batch of the job
+    total_env_steps: int      # the job's budget in env steps
+    writes_checkpoints: bool  # the one learner, or rank 0 of a group
 
 
 class Learner:
@@ -60,13 +71,12 @@ class Learner:
         torch.manual_seed(learner_torch_seed(cfg.seed))
         self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
                                                         num_envs=sum(c.env_count for c in mine))
-        # A learner group (fastsac.learner.group_loop) overrides these: rank 0's agent and env steps,
-        # the job's env-step batch and budget, checkpoints from rank 0 only.
-        self.batch_envs = cfg.env.num_envs   # transitions of one env-step batch of the job
-        self.writes_checkpoints = True
-        self.env_steps = self.restore()
-        self.start_env_steps = self.env_steps
-        self.total_env_steps = self.budget()
+        start = self.start_state()
+        self.env_steps = self.start_env_steps = start.env_steps
+        self.batch_envs = start.batch_envs
+        self.total_env_steps = start.total_env_steps
+        self.writes_checkpoints = start.writes_checkpoints
+        self.schedule = RunSchedule(cfg.checkpoint.interval, self.batch_envs, self.total_env_steps, self.env_steps)
         numel = policy_flat_numel(self.spec.obs_dim, self.spec.act_dim, cfg.algo)
         rows = [sum(c.env_count for c in mine[:j]) for j in range(len(mine))]   # its rows in this buffer
         self.feeds = [CollectorFeed(cfg.job_name, c.collector_id, first, c.env_count,
@@ -90,21 +100,23 @@ class Learner:
         # torch.compile runs inside the first critic and first actor update (CUDA, algo.compile) and can
         # take longer than heartbeat_timeout_s: the learner reports STARTING until they are done, so
         # neither the collectors nor the launcher mistake the compilation for a hang.
-        self.compile_updates_left = cfg.algo.policy_frequency if getattr(self.agent, "compiled", False) else 0
+        self.compile_updates_left = cfg.algo.policy_frequency if self.agent.compiled else 0
+        self.compile_t0 = 0.0
         self.weight_version = 0
         self.updates_owed = 0.0
         self.updates_since_publish = 0
         self.last_attach = self.last_status = self.last_liveness = 0.0
+        self.exit_code = 0
         log(ROLE, f"{cfg.env.name}: {self.buffer.num_envs} envs in {len(self.feeds)} collector(s), device {self.device}, "
                   f"utd_mode {self.ao.utd_mode}, env steps {self.env_steps:,}/{self.total_env_steps:,}")
 
     # ------------------------------------------------------------------ set-up (a learner group overrides)
-    def restore(self) -> int:
-        """The checkpoint named by `resume` into the agent; its env steps (0 = fresh)."""
-        return run_state.restore(self.cfg, self.spec, self.agent, lambda m: log(ROLE, m))
-
-    def budget(self) -> int:
-        return self.cfg.trainer.num_iterations * self.cfg.env.num_envs
+    def start_state(self) -> StartState:
+        """The checkpoint named by `resume` into the agent (none: fresh), and this job's size."""
+        cfg = self.cfg
+        env_steps = run_state.restore(cfg, self.spec, self.agent, lambda m: log(ROLE, m))
+        return StartState(env_steps=env_steps, batch_envs=cfg.env.num_envs,
+                          total_env_steps=cfg.trainer.num_iterations * cfg.env.num_envs, writes_checkpoints=True)
 
     def make_telemetry(self) -> LearnerTelemetry:
         return LearnerTelemetry(self.cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
@@ -332,11 +344,9 @@ class Learner:
 
     def run(self, stop: StopSignal) -> int:
         """Hold until every collector attached, then iterate until the budget or a stop; finish."""
-        self.exit_code = 0
         reason = self.wait_for_collectors(stop)
         self.telemetry.start(self.env_steps)
-        self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
-        while reason is None and self.env_steps < self.total_env_steps:
+        while reason is None and not self.schedule.finished(self.env_steps):
             reason = self.stop_reason(stop)
             if reason is None:
                 self.iteration()
@@ -378,17 +388,13 @@ class Learner:
             self.idle_backoff.wait()
 
     def checkpoint_if_due(self) -> None:
-        it = self.env_steps // self.batch_envs
-        if not self.cfg.checkpoint.interval or it < self.next_ckpt_it or self.env_steps >= self.total_env_steps:
-            return
-        self.next_ckpt_it = self._next_multiple(self.cfg.checkpoint.interval)
-        if not self.writes_checkpoints:
+        if not self.schedule.checkpoint_due(self.env_steps) or not self.writes_checkpoints:
             return
         with beating_while(self.ctl.learner, self.ao.heartbeat_timeout_s):
             try:
                 run_state.save(self.cfg, self.spec, self.agent, self.env_steps)
             except run_state.CheckpointSaveError as exc:  # disk full, I/O error: keep training
-                log(ROLE, f"error: {exc}; training goes on, next try at iteration {self.next_ckpt_it:,}")
+                log(ROLE, f"error: {exc}; training goes on, next try at iteration {self.schedule.next_checkpoint_it:,}")
 
     def finish(self, reason: str) -> int:
         """Final metrics (however short the run), final checkpoint, final state; the exit code."""
@@ -416,10 +422,6 @@ class Learner:
             log(ROLE, f"error: {reason}, but the final checkpoint failed: {exc}")
             self.exit_code = 1
             return None
-
-    def _next_multiple(self, interval: int) -> int:
-        it = self.env_steps // self.batch_envs
-        return (it // interval + 1) * interval if interval else math.inf
 
     def close(self) -> None:
         self.evaluation.close()

@@ -54,11 +54,9 @@ def _run(argv: list[str] | None) -> int:
         return run_collector_check(ctx)
     # (the NUMA check runs without torch: it has to be quick in the emulated guest)
     from fastsac.collector.loop import Collector
-    from fastsac.config import ConfigError
     from fastsac.run.torch_runtime import configure_torch
-    from fastsac.shm_layout import ShmLayoutError
     configure_torch(process_setup.torch_threads(ctx))
-    return process_setup.build_and_run(role, lambda stop: Collector(ctx, role, stop), (ConfigError,), (ShmLayoutError,))
+    return process_setup.build_and_run(role, lambda stop: Collector(ctx, role, stop))
 
 
 if __name__ == "__main__":

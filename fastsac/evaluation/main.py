@@ -33,12 +33,10 @@ def _run(argv: list[str] | None) -> int:
         raise FatalError("--check-numa checks the learner and the collectors; the evaluator has no segment "
                          "placement of its own to check", EXIT_USAGE)
     # after start() bound this process: numpy, torch and the envs allocate on its CPUs' node
-    from fastsac.config import ConfigError
     from fastsac.evaluation.evaluator import Evaluator
     from fastsac.run.torch_runtime import configure_torch
-    from fastsac.shm_layout import ShmLayoutError
     configure_torch(process_setup.torch_threads(ctx))
-    return process_setup.build_and_run(ROLE, lambda stop: Evaluator(ctx, ROLE), (ConfigError,), (ShmLayoutError,))
+    return process_setup.build_and_run(ROLE, lambda stop: Evaluator(ctx, ROLE))
 
 
 if __name__ == "__main__":

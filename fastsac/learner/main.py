@@ -45,13 +45,11 @@ def _run(argv: list[str] | None) -> int:
     if ctx.args.check_numa:
         return run_learner_check(ctx)
     # (the NUMA check runs without torch: it has to be quick in the emulated guest)
-    from fastsac.config import ConfigError
     from fastsac.machine.learner_plan import is_group
     from fastsac.run.checkpoint import CheckpointError
     from fastsac.run.torch_runtime import configure_torch
-    from fastsac.shm_layout import ShmLayoutError
     configure_torch(process_setup.torch_threads(ctx))
-    failures: tuple = (ShmLayoutError,)
+    failures: tuple = ()
     if is_group(ctx.cfg):
         # torch.distributed is imported only by a learner group
         from fastsac.learner.distributed import DistributedError
@@ -60,7 +58,7 @@ def _run(argv: list[str] | None) -> int:
     else:
         # the single learner never loads torch.distributed
         from fastsac.learner.loop import Learner
-    return process_setup.build_and_run(ROLE, lambda stop: Learner(ctx), (ConfigError, CheckpointError), failures)
+    return process_setup.build_and_run(ROLE, lambda stop: Learner(ctx), (CheckpointError,), failures)
 
 
 if __name__ == "__main__":

@@ -114,11 +114,14 @@ def build_and_run(role: str, build: Callable[[StopSignal], Any], usage_errors: t
                   failure_errors: tuple = ()) -> int:
     """Construct a process's loop, run it until it stops, always close it.
 
-    Construction errors end the process (FatalError): `usage_errors` (bad config, unusable
-    checkpoint) with exit code 2, `failure_errors` (e.g. a segment that cannot be attached) with 1.
-    SIGTERM/SIGINT handlers are installed before construction, so a stop during start-up counts;
-    `build(stop)` may hand them back for a phase that holds nothing (stopping.ending_at_once).
+    Construction errors end the process (FatalError): a ConfigError and `usage_errors` (e.g. an
+    unusable checkpoint) with exit code 2, a ShmLayoutError (a segment that cannot be attached)
+    and `failure_errors` with 1. SIGTERM/SIGINT handlers are installed before construction, so a
+    stop during start-up counts; `build(stop)` may hand them back for a phase that holds nothing
+    (stopping.ending_at_once).
     """
+    from fastsac.shm_layout import ShmLayoutError   # numpy: only once start() has bound this process
+    usage_errors, failure_errors = (ConfigError, *usage_errors), (ShmLayoutError, *failure_errors)
     stop = StopSignal().install()
     try:
         loop = build(stop)

@@ -300,6 +300,11 @@ def learning_phase(args, setups: list[Setup], tmp: Path) -> None:
                   f"(wall {time.time() - t0:.0f} s)", flush=True)
 
 
+def cpu_bound(one: Setup, many: Setup) -> float:
+    """CPUs of the N collectors over the single collector's: what bound collection can gain."""
+    return sum(len(c["cpus"]) for c in many.plan["collectors"]) / len(one.plan["collectors"][0]["cpus"])
+
+
 def report(args, sync: Setup, one: Setup, many: Setup, untested: str | None) -> list[str]:
     """Print the criteria table; returns the summary's parts."""
     n = args.collectors
@@ -386,6 +391,9 @@ def main(argv=None) -> int:
     print(f"# {many.label}: {many.describe()}")
     if untested:
         print(f"# NOTE: {untested}")
+    if args.baseline == "slice":
+        print(f"# physical bound of env-steps/s {args.collectors} vs 1 (collection on bound CPUs): "
+              f"{cpu_bound(one, many):.2f}x, the {args.collectors} collectors' CPUs over the one's")
     if "perf" in args.phases:
         upd = "config's" if args.updates is None else str(args.updates)
         print(f"# throughput: {args.rounds} paired round(s) (1 collector, then {args.collectors}), "

@@ -9,7 +9,7 @@ points the "on" runs logged and the time one evaluation took.
 
     python benchmarks/bench_eval_cost.py configs/quickstart.yaml --rounds 3
     python benchmarks/bench_eval_cost.py configs/quickstart.yaml --rounds 3 --interval 100 --episodes 16
-    python benchmarks/bench_eval_cost.py --smoke          # the smallest size (tests/test_benchmarks_smoke.py)
+    python benchmarks/bench_eval_cost.py --smoke          # the smallest size (tests/process/repo/test_benchmarks_smoke_process.py)
 
 Extra key=value arguments go to every run (e.g. trainer.num_iterations=600).
 """

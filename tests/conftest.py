@@ -10,10 +10,13 @@ Cleanup happens at two levels, so even a failing or crashing test leaves nothing
   2. pytest_sessionfinish sweeps anything left with this session's prefix (a job name
      made without the fixture, a process that created a segment after its test ended)
      and the terminal summary reports it: such a leak is a bug even if the test passed.
+
+The folder is the tier: every test under tests/process gets the `process` marker here; the tests
+under tests/unit are the fast, in-process tier (`pytest tests/unit`, or `-m "not process"`).
+Helpers live in tests/support (`from support.<module> import ...`).
 """
 from __future__ import annotations
 
-import itertools
 import multiprocessing as mp
 import os
 import subprocess
@@ -21,43 +24,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.shm_jobs import SHM_DIR, TEST_JOB_PREFIX, _own_segments, _stats, _unlink_names, new_job_name
 
-SHM_DIR = "/dev/shm"
 # The working tree's runs/ belongs to the user (the README's train command fills it before the
 # tests run): no test may read or write it; tests use their tmp_path.
 WORKTREE_RUNS = str(Path(__file__).resolve().parents[1] / "runs")
+# Every test under tests/process starts processes: the folder gives it the `process` marker; the
+# tests under tests/unit are the fast, in-process tier.
+PROCESS_TESTS = Path(__file__).resolve().parent / "process"
+UNIT_TESTS = Path(__file__).resolve().parent / "unit"
 _runs_opened: list[str] = []
-TEST_JOB_PREFIX = f"t{os.getpid()}"
-_counter = itertools.count()
-_stats = {"jobs": 0, "cleaned": 0}
 _leaked: list[str] = []
 
 
-def _own_segments(prefix: str) -> list[str]:
-    """Segment file names in /dev/shm of jobs whose name starts with prefix."""
-    try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return []
-    return sorted(n for n in names if n.startswith(f"fastsac.{prefix}"))
-
-
-def _unlink_names(names: list[str]) -> list[str]:
-    import posix_ipc  # direct unlink: test-owned names, whatever state the test left them in
-    removed = []
-    for n in names:
-        try:
-            posix_ipc.unlink_shared_memory("/" + n)
-            removed.append("/" + n)
-        except posix_ipc.ExistentialError:
-            pass
-    return removed
-
-
-def new_job_name() -> str:
-    """A job name owned by this test session (at most 32 characters)."""
-    _stats["jobs"] += 1
-    return f"{TEST_JOB_PREFIX}_{next(_counter)}"
+@pytest.hookimpl(tryfirst=True)   # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if PROCESS_TESTS in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.process)
 
 
 @pytest.fixture
@@ -116,14 +100,16 @@ def _no_test_touches_the_working_trees_runs(request):
 
 @pytest.fixture(autouse=True)
 def _fast_tier_starts_no_process(request, monkeypatch):
-    """With `-m "not process"` (the fast tier) a test that starts a process fails, naming the
-    marker it lacks: the tier's promise (in-process only) is checked, not hoped for."""
-    if "not process" not in (request.config.option.markexpr or "") or request.node.get_closest_marker("process"):
+    """In the fast tier (`-m "not process"`, and every test under tests/unit) a test that starts a
+    process fails, saying where it belongs: the tier's promise (in-process only) is checked, not hoped for."""
+    fast = ("not process" in (request.config.option.markexpr or "")
+            or UNIT_TESTS in Path(request.node.path).resolve().parents)
+    if not fast or request.node.get_closest_marker("process"):
         yield
         return
 
     def refuse(*args, **kwargs):
-        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.process")
+        raise AssertionError(f"{request.node.nodeid} starts a process: it belongs in tests/process (the process tier)")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
     monkeypatch.setattr(mp.process.BaseProcess, "start", refuse)

@@ -1,7 +1,7 @@
 """What one env of a task costs in memory, for the launcher's memory check (fastsac.launch.preflight).
 
 Built-in tasks: a table (KNOWN_BYTES_PER_ENV), measured with `measure_bytes_per_env` and
-checked against a fresh measurement by tests/test_env_memory.py. Every other task (gymnasium:,
+checked against a fresh measurement by tests/process/launch/test_env_memory_process.py. Every other task (gymnasium:,
 envpool:, module:Class) is measured at start-up in a child process (`python -m
 fastsac.envs.memory`): it builds one env, then 1 + PROBE_ENVS more, resets and steps them a few
 times (EnvPool allocates per env as its envs first run), and reports the resident-memory growth per

@@ -1,0 +1,85 @@
+"""The conventions every fastsac command keeps: --version, exit codes and keys in --help, a
+quiet exit when the reader of its output goes away (`fastsac-launch --plan | head`), and a
+Ctrl-C at any moment of the launcher's start-up is one line, never a traceback."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.e2e_helpers import job_segments, tiny_config
+
+import fastsac
+
+REPO = Path(__file__).resolve().parents[3]
+COMMANDS = {   # what a user types -> the module that runs it
+    "fastsac-launch": "fastsac.launcher", "fastsac-export": "fastsac.tools.export", "fastsac-eval": "fastsac.tools.evaluate",
+    "python -m fastsac.collector_main": "fastsac.collector_main", "python -m fastsac.learner_main": "fastsac.learner_main",
+    "python -m fastsac.evaluator_main": "fastsac.evaluator_main",
+}
+
+
+def run(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_has_version(command):
+    proc = run(COMMANDS[command], "--version")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith(fastsac.__version__), proc.stdout + proc.stderr
+
+
+@pytest.mark.process
+def test_launch_help_names_the_exit_codes_the_common_keys_and_the_key_reference():
+    out = run("fastsac.launcher", "--help").stdout
+    for text in ("exit codes: 0", "1 a runtime failure", "2 invalid config", "run_dir=", "resume=auto", "seed=",
+                 "device=", "env.num_envs=", "trainer.num_iterations=", "docs/configuration.md"):
+        assert text in out, f"{text!r} missing from fastsac-launch --help:\n{out}"
+    for module in ("fastsac.tools.export", "fastsac.tools.evaluate"):
+        assert "exit codes: 0" in run(module, "--help").stdout
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("args", [["--plan"], ["--plan", "--json"], ["--print-config"]])
+def test_output_into_a_closed_pipe_exits_quietly(tmp_path, args):
+    read_end, write_end = os.pipe()
+    os.close(read_end)                       # the reader is gone before anything is written (`| head -0`)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fastsac.launcher", "configs/quickstart.yaml", *args,
+                               f"run_dir={tmp_path / 'run'}"], cwd=REPO, stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode, delay_s", [("sync", 0.4), ("sync", 1.0), ("async", 0.15), ("async", 2.5)])
+def test_ctrl_c_while_the_launcher_starts_is_one_line_not_a_traceback(tmp_path, job_name, mode, delay_s):
+    """SIGINT (what a terminal's Ctrl-C sends) while Python imports the launcher, torch, builds the
+    envs or spawns the job: exit 130 with one line before the job's own handling is in place,
+    a graceful stop (0) after; never a KeyboardInterrupt traceback, no segment left."""
+    cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": mode == "async"})
+    # SIGINT as a terminal delivers it: a test run in the background (nohup, `&`) ignores it, which children inherit
+    proc = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, out + err)
+    if proc.returncode == 130:
+        assert "fastsac-launch: interrupted (Ctrl-C) while starting, before the job ran" in err, err
+    assert job_segments(job_name) == []

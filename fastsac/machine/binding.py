@@ -146,11 +146,6 @@ class EffectiveBinding:
     mems_allowed: tuple[int, ...] = ()
     source: str = "syscall"
 
-    @property
-    def bound_node(self) -> int | None:
-        """The single node memory is bound to, or None when not bound to exactly one node."""
-        return self.mem_nodes[0] if self.mempolicy == "bind" and len(self.mem_nodes) == 1 else None
-
     def describe(self) -> str:
         policy = self.mempolicy + (f":{format_cpulist(self.mem_nodes)}" if self.mem_nodes else "")
         return (f"pid {self.pid}: CPUs {format_cpulist(self.cpus)}, memory policy {policy}"

@@ -236,11 +236,6 @@ def newest_valid(run_path: Path, log=print) -> tuple[Path, dict] | None:
     return None
 
 
-def newest_valid_checkpoint(run_path: Path, log=print) -> Path | None:
-    found = newest_valid(run_path, log)
-    return found[0] if found else None
-
-
 def find_resume(resume: str, run_path: Path, log=print) -> tuple[Path, dict] | None:
     """Map the `resume` config value to (path, verified payload); None = fresh start."""
     if not resume:

@@ -458,12 +458,6 @@ class ControlBlock(_SegmentHandle):
 
     # ---- aggregation
 
-    def total_collector_env_steps(self) -> int:
-        return int(self._collectors["env_steps"][:self.num_collectors].sum())
-
-    def collector_states(self) -> list[ProcState]:
-        return [ProcState(int(s)) for s in self._collectors["state"][:self.num_collectors]]
-
     def heartbeat_ages_s(self, now_ns: int | None = None) -> list[float | None]:
         """Seconds since each collector's last heartbeat (None: never beat)."""
         now = time.monotonic_ns() if now_ns is None else now_ns

@@ -141,16 +141,6 @@ class RingSpec:
     def final_rows_nbytes(self, num_final: int) -> int:
         return sum(_align(num_final * row) for _, row in self._sparse_fields)
 
-    def slot_dtype(self) -> np.dtype:
-        """A numpy structured dtype with the slot's exact layout (itemsize == slot_nbytes)."""
-        fs = self.slot_fields()
-        return np.dtype({"names": [f.name for f in fs], "formats": [(f.dtype, f.shape) for f in fs],
-                         "offsets": [f.offset for f in fs], "itemsize": self.slot_nbytes})
-
-    def transition_nbytes(self) -> int:
-        """Dense bytes per env per step (what the ring moves per env-step, finals aside)."""
-        return (self.dense_nbytes - SLOT_HEADER_NBYTES) // self.num_envs
-
     def segment_info(self, job: str, collector_id: int) -> SegmentInfo:
         table = (tuple((f.name, f.offset, f.dtype.str, f.shape) for f in self.slot_fields()),
                  RING_WRITE_CURSOR, RING_READ_CURSOR, RING_PRODUCER_PID, RING_CONSUMER_PID, DATA_OFFSET)

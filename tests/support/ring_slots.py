@@ -12,6 +12,14 @@ HEADER_KEYS = ("weight_version", "env_step", "incarnation")
 
 # --------------------------------------------------------------------------- stamped data
 
+def slot_dtype(spec) -> np.dtype:
+    """A numpy structured dtype with the slot's exact layout (itemsize == slot_nbytes), to read
+    staged slots field by field."""
+    fs = spec.slot_fields()
+    return np.dtype({"names": [f.name for f in fs], "formats": [(f.dtype, f.shape) for f in fs],
+                     "offsets": [f.offset for f in fs], "itemsize": spec.slot_nbytes})
+
+
 def final_rows(n: int, k):
     """(num_final, first env index) of slot k: a contiguous, ascending block of envs.
 
@@ -107,7 +115,7 @@ def copy_out_as_slots(cons: L.TransitionRing, max_slots: int) -> np.ndarray:
 
 def check_staging(staging: np.ndarray, spec: L.RingSpec, first_k: int) -> None:
     """Vectorized check of slots first_k.. copied out with copy_out (the learner's path)."""
-    s = staging.view(spec.slot_dtype()).reshape(-1)
+    s = staging.view(slot_dtype(spec)).reshape(-1)
     n = spec.num_envs
     ks = first_k + np.arange(len(s))
     kf = ks.astype(np.float32)

@@ -81,7 +81,7 @@ def _eff(cpus, mode, nodes):
 
 
 def test_verify_messages():
-    assert verify_binding(1, [4, 5], effective=_eff([4, 5], "bind", [1])).bound_node == 1
+    assert verify_binding(1, [4, 5], effective=_eff([4, 5], "bind", [1])).mem_nodes == (1,)
     with pytest.raises(BindingError) as exc:
         verify_binding(1, [4, 5], effective=_eff([0, 1, 2, 3, 4, 5, 6, 7], "default", []))
     assert str(exc.value) == (

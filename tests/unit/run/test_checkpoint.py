@@ -14,7 +14,7 @@ from fastsac.run.checkpoint import (
     check_fresh_run_dir,
     checkpoint_dir,
     load_checkpoint,
-    newest_valid_checkpoint,
+    newest_valid,
     read_header,
 )
 
@@ -38,7 +38,7 @@ def test_prunes_to_keep_by_write_order_and_newest_valid_skips_corrupt(tmp_path):
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         load_checkpoint(newest)
     skipped = []
-    assert newest_valid_checkpoint(tmp_path, log=skipped.append) == paths[-2]
+    assert newest_valid(tmp_path, log=skipped.append)[0] == paths[-2]
     assert skipped and "skipping" in skipped[0] and str(newest) in skipped[0]
 
 

@@ -17,7 +17,7 @@ import torch
 from support.checkpoint_bytes import tensor_records
 from fastsac.run import checkpoint as ck
 from fastsac.run import state as run_state
-from fastsac.run.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid_checkpoint
+from fastsac.run.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid
 from fastsac.config import load_config
 from fastsac.envs.registry import EnvSpec
 
@@ -105,7 +105,7 @@ def test_truncated_newest_with_keep_1_and_resume_auto_keeps_a_valid_checkpoint(t
     assert load_checkpoint(new)["save_seq"] > int(newest.name.split("-")[1].split("_")[0])
     assert newest.exists(), "an unreadable file is reported, never deleted (its run cannot be known)"
     assert not old.exists(), "older than the one just written and of the same run: pruned by keep=1"
-    assert newest_valid_checkpoint(tmp_path, log=lambda m: None) == new
+    assert newest_valid(tmp_path, log=lambda m: None)[0] == new
 
 
 # --------------------------------------------------------------------------- corruption
@@ -132,7 +132,7 @@ def test_four_flipped_bytes_fall_back_to_the_newest_valid_checkpoint(tmp_path):
         f.seek(offset + size // 2)
         f.write(bytes(b ^ 0xFF for b in word))
     logged: list[str] = []
-    assert newest_valid_checkpoint(tmp_path, log=logged.append) == good
+    assert newest_valid(tmp_path, log=logged.append)[0] == good
     assert any(str(bad) in m and "checksum" in m for m in logged), logged
     cfg, agent, steps, logged = start(tmp_path, "resume=auto")
     assert steps == 100 and bad.exists()

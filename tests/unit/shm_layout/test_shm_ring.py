@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from support.ring_slots import check_slot, check_staging, copy_out_as_slots, push, stamped
+from support.ring_slots import check_slot, check_staging, copy_out_as_slots, push, slot_dtype, stamped
 
 from fastsac import shm_layout as L
 
@@ -26,10 +26,10 @@ def test_slot_layout_is_aligned_and_dense_first():
             assert a.offset + a.nbytes <= b.offset, (a, b)
         sparse = [f.name for f in fields if f.offset >= spec.dense_nbytes]
         assert sparse == ["final_idx", "final_obs"] + (["final_critic_obs"] if spec.critic_obs_dim else [])
-        assert spec.slot_dtype().itemsize == spec.slot_nbytes
-        assert ("critic_obs" in spec.slot_dtype().names) == bool(spec.critic_obs_dim)
+        assert slot_dtype(spec).itemsize == spec.slot_nbytes
+        assert ("critic_obs" in slot_dtype(spec).names) == bool(spec.critic_obs_dim)
     humanoid = L.RingSpec(1024, 348, 0, 17, 4)
-    assert 1400 <= humanoid.transition_nbytes() <= 1500  # ~1.4 KB per transition
+    assert 1400 <= (humanoid.dense_nbytes - L.SLOT_HEADER_NBYTES) // humanoid.num_envs <= 1500  # ~1.4 KB a transition
 
 
 def test_cursors_on_their_own_cache_lines(job_name):

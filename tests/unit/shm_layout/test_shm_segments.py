@@ -236,8 +236,8 @@ def test_control_block_roles_enforce_single_writers(job_name):
         ctl.supervisor(1).update(cpus="0-3,8", planned_node=1, state=L.SupervisorState.RUNNING)
         assert obs.learner["updates_per_s"] == 2.5 and obs.learner["state"] == L.ProcState.RUNNING
         assert obs.ingest(1)["ring_fill"] == 3 and obs.supervisor(1)["cpus"] == "0-3,8"
-        assert obs.total_collector_env_steps() == 100
-        assert obs.collector_states() == [L.ProcState.EMPTY, L.ProcState.RUNNING]
+        assert [obs.collector(i)["env_steps"] for i in range(2)] == [0, 100]
+        assert [obs.collector(i)["state"] for i in range(2)] == [L.ProcState.EMPTY, L.ProcState.RUNNING]
         ages = obs.heartbeat_ages_s()
         assert ages[0] is None and 0 <= ages[1] < 5 and 0 <= obs.learner_heartbeat_age_s() < 5
         for rec, field in [(col.learner, "pid"), (col.collector(0), "pid"), (lrn.collector(1), "pid"),

@@ -4,17 +4,21 @@ A job started in its own session does not get the terminal's Ctrl-C or a `timeou
 that the benchmark gets, so without this a stopped benchmark leaves its job running (seen: a
 sync Humanoid run went on as an orphan for half an hour at 170% CPU and 11 GB). Here the first
 SIGTERM/SIGINT/SIGHUP to the benchmark is passed on to every group it started (SIGTERM: a job
-then writes its final checkpoint and unlinks its segments), SIGKILL follows after STOP_GRACE_S,
-and the benchmark exits 128 + the signal. Every benchmark starts its children through `CHILDREN`.
+then writes its final checkpoint and unlinks its segments) and the benchmark exits 128 + the
+signal; at its exit, however it ends, every group still running gets SIGTERM, up to
+STOP_GRACE_S to end, then SIGKILL. The waiting happens at exit, not in the signal handler: the
+handler may interrupt a wait on the same process, whose lock a second wait would deadlock on.
+Every benchmark starts its children through `CHILDREN`.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
-import sys
 
 STOP_GRACE_S = 30.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Children:
@@ -25,8 +29,9 @@ class Children:
     def _install(self) -> None:
         if not self._installed:
             self._installed = True
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, self._stop_all_and_exit)
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._on_stop_signal)
+            atexit.register(self.stop_all)
 
     def start(self, cmd: list[str], **popen_kwargs) -> subprocess.Popen:
         self._install()
@@ -69,12 +74,21 @@ class Children:
         self.forget(proc)
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
-    def _stop_all_and_exit(self, signum, frame):
+    def stop_all(self) -> None:
+        """Every group still running: SIGTERM to all at once, then each is waited for (SIGKILL
+        after STOP_GRACE_S). Runs at exit; a further stop signal meanwhile changes nothing."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         for proc in list(self.procs):
-            self.send(proc, signal.SIGTERM)
+            if proc.poll() is None:
+                self.send(proc, signal.SIGTERM)
         for proc in list(self.procs):
             self.stop(proc, signal.SIGTERM, STOP_GRACE_S)
-        sys.exit(128 + signum)
+
+    def _on_stop_signal(self, signum, frame):
+        for proc in list(self.procs):
+            self.send(proc, signal.SIGTERM)     # at once; stop_all waits for them at exit
+        raise SystemExit(128 + signum)
 
 
 CHILDREN = Children()

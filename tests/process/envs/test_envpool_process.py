@@ -1,9 +1,6 @@
-"""`envpool:<task id>` envs through EnvPoolVecEnv.
-
-The adapter is checked against EnvPool itself: per env, a one-env EnvPool pool seeded with
-that env's seed and driven by the same actions, whose own next-step auto-reset (the step after
-an episode ends returns the reset observation) gives the expected final and reset observations.
-Tests that need EnvPool are skipped without it (CI installs the extra: scripts/test.sh).
+"""`envpool:<task id>` envs in processes: EnvPool's worker threads on the process's CPUs, the
+launcher's refusal of an unknown task, collectors and the sync trainer on EnvPool tasks. Skipped
+without EnvPool (CI installs the extra). The adapter's own checks: tests/unit/envs/test_envpool.py.
 """
 import os
 import re

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+PROGRESS_LINE = re.compile(r"^\[\d+/\d+\] ", re.MULTILINE)   # a trainer's console progress line
 
 
 def run_benchmark(script: str, *args: str, timeout: float = 120) -> str:
@@ -198,3 +199,44 @@ def test_bench_neighbour_pairs_quiet_and_busy_runs():
     assert re.search(r"^round 1 sync : quiet +[\d.]+ upd/s .*\| neighbour +[\d.]+ upd/s .*\| ratio [\d.]+x updates",
                      out, re.M), out
     assert re.search(r"^\| sync \| [\d.]+ \| [\d.]+ \| [\d.]+x \[", out, re.M), out
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.process
+def test_a_stopped_benchmark_stops_the_job_it_started(tmp_path):
+    # before: a benchmark ended by `timeout` left its job running (half an hour at 170% CPU);
+    # async1: a launcher and its children, the harder case
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "bench_learning.py"), "--smoke", "--modes",
+                             "async1", "--seeds", "1", "--out", str(tmp_path), "trainer.num_iterations=100000"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    try:
+        log = tmp_path / "runs" / "async1_s1.log"
+        deadline = time.monotonic() + 120     # the job is up once its learner logs progress
+        while time.monotonic() < deadline and not (log.exists() and PROGRESS_LINE.search(log.read_text())):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)      # what `timeout` sends, to the benchmark only
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out, err)
+    deadline = time.monotonic() + 10
+    while _processes_naming(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_naming(str(tmp_path)), "the benchmark's job outlived it"
+    assert not list(Path("/dev/shm").glob(f"fastsac.bl{proc.pid % 10000}*")), "the benchmark's job left segments"

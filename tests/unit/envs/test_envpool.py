@@ -1,9 +1,10 @@
-"""`envpool:<task id>` envs through EnvPoolVecEnv.
+"""`envpool:<task id>` envs through EnvPoolVecEnv, in this process.
 
 The adapter is checked against EnvPool itself: per env, a one-env EnvPool pool seeded with
 that env's seed and driven by the same actions, whose own next-step auto-reset (the step after
-an episode ends returns the reset observation) gives the expected final and reset observations.
-Tests that need EnvPool are skipped without it (CI installs the extra: scripts/test.sh).
+an episode ends returns the reset observation) gives the expected final and reset observations;
+also names, seeds and thread placement. Tests that need EnvPool are skipped without it (CI
+installs the extra: scripts/test.sh). Jobs on EnvPool tasks: tests/process/envs/test_envpool_process.py.
 """
 import sys
 

@@ -1,12 +1,6 @@
-"""The job's memory, checked before anything is spawned and watched while it runs: bytes per env
-(the built-in tasks' table against a fresh measurement, a probe process for other tasks), the
-memory the job may use (MemAvailable, cgroup v2 and v1 limits, each bound NUMA node), a job
-whose envs do not fit refused naming the largest env.num_envs that does, and a collector that
-the kernel's OOM killer ends reported as such and not restarted into the same death.
-
-tests/support/fault_hooks/memory_envs.py has the envs of known size (FatPendulum: 8 MiB per env) and
-of growing size (GrowingPendulum); the OOM test runs the job in a memory cgroup of its own and
-skips where one cannot be made (not root, no writable memory controller).
+"""The memory a job may use, read without starting anything: cgroup v2 and v1 limits, the free
+memory of each bound NUMA node, and OOM-kill evidence (a counter that rose). Bytes per env, the
+pre-spawn refusal and the OOM-killed collector: tests/process/launch/test_env_memory_process.py.
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""fastsac-eval --video through its CLI on checkpoints of tiny real synchronous runs: the mp4 of a
-HalfCheetah episode rendered by MuJoCo's offscreen renderer (EGL, and OSMesa as the fallback) and
-of a pendulum episode drawn in numpy reads back with one frame per episode step, the right size and
-frame rate, and frames that show something that moves; bad output paths, tasks that cannot be
-rendered, a missing encoder or OpenGL are exit 2 with nothing created; a failure while recording
-is exit 1 and leaves no file.
-
-The MuJoCo tests need a working headless OpenGL (scripts/bootstrap.sh installs it as root with
-the video extra); where there is none they skip saying why, except under CI, where they fail.
+"""What fastsac-eval --video draws, in this process: the pendulum's pole along its angle, and the
+camera a MuJoCo model is filmed with. The videos themselves, through the CLI:
+tests/process/tools/test_video_process.py.
 """
 from __future__ import annotations
 

@@ -298,6 +298,8 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="the smallest size: quick start, seconds per run")
     p.add_argument("--report", action="store_true", help="run nothing: the table and plots of --out's curves.csv")
     args = p.parse_intermixed_args()    # key=value overrides may follow the options
+    if args.config and "=" in args.config and not Path(args.config).is_file():   # overrides only
+        args.overrides, args.config = [args.config, *args.overrides], None
     if args.smoke:
         args.config, args.overrides = args.config or SMOKE_CONFIG, [*SMOKE_OVERRIDES, *args.overrides]
         args.threshold, args.at_steps, args.at_seconds = -1000.0, [640, 1280], [5.0]

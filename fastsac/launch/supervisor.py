@@ -290,7 +290,8 @@ class Supervisor:
 
     def _sample_rss(self, c: Child, now: float) -> None:
         if now - c.rss_at >= RSS_SAMPLE_S:
-            c.rss, c.rss_at = memory.resident_bytes(c.proc.pid), now
+            # a process being killed reads as gone (a zombie has no VmRSS): keep the last reading
+            c.rss, c.rss_at = memory.resident_bytes(c.proc.pid) or c.rss, now
 
     def _out_of_memory(self, c: Child, rc: int) -> bool:
         """A collector that died by a SIGKILL not ours while an OOM-kill counter rose was killed

@@ -34,7 +34,7 @@ def test_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path):
     assert len(cycles) == 1 and set(cycles[0]) == {"p.a", "p.sub", "p.sub.c"}, cycles
 
 
-# The layers, bottom first (docs/architecture.md): a module imports only from its own package or
+# The layers, bottom first (docs/design.md): a module imports only from its own package or
 # from packages on a lower floor. Packages on one floor never import each other: the four roles
 # (collector, learner, evaluation, sync) meet only in shared memory and the layers below them.
 LAYERS = [

@@ -19,7 +19,8 @@ at the budget gets, not the last periodic evaluation up to an eval interval earl
 Reported, per run and aggregated over seeds (benchmarks/learning_stats.py): the return at fixed
 env steps and wall-clock points, the final return, steps and seconds to --threshold, and for
 each mode the wall-clock it needs to reach the peer's final return. Written to --out:
-curves.csv (every eval point of every run, appended as each run ends, kind "periodic" or
+curves.csv (every eval point of every run, appended as each run ends, kind "untrained" (during
+the warm-up, before any update: left out of the steps and seconds to --threshold), "periodic" or
 "final": a rerun with the same --out skips the runs it holds and gives a held fastsac run
 without a final row its final evaluation from its run_dir, so an interruption loses nothing), summary.md and
 curves_steps.png / curves_seconds.png (every mode on the same axes).
@@ -60,7 +61,8 @@ MODES = {
     "sb3": [],
 }
 CSV_FIELDS = ("mode", "seed", "env_steps", "seconds", "mean_return", "kind")
-PERIODIC, FINAL = "periodic", "final"     # the kinds of eval point
+# the kinds of eval point: during the warm-up (no update yet: the initial policy), after it, the final one
+UNTRAINED, PERIODIC, FINAL = "untrained", "periodic", "final"
 SMOKE_CONFIG = "configs/quickstart.yaml"
 SMOKE_OVERRIDES = ["trainer.num_iterations=60", "algo.learning_starts=10", "eval.interval=20", "eval.episodes=2",
                    "eval.num_envs=2", "logging.interval=20", "logging.interval_s=1", "checkpoint.interval=0"]
@@ -166,10 +168,15 @@ def run_sb3(args, seed: int, out: Path) -> list[Point]:
 
 
 # --------------------------------------------------------------------------- curves on disk
-def load_curves(path: Path) -> tuple[dict[tuple[str, int], list[Point]], set[tuple[str, int]]]:
-    """The curves of path, and the runs among them that have their final evaluation (the last point)."""
-    curves: dict[tuple[str, int], list[Point]] = {}
-    finished: set[tuple[str, int]] = set()
+RunKey = tuple[str, int]     # (mode, seed)
+
+
+def load_curves(path: Path) -> tuple[dict[RunKey, list[Point]], set[RunKey], dict[RunKey, int]]:
+    """The curves of path, the runs among them that have their final evaluation (the last point),
+    and each run's warm-up: the env steps of its last evaluation before any update (0 if none)."""
+    curves: dict[RunKey, list[Point]] = {}
+    finished: set[RunKey] = set()
+    warmups: dict[RunKey, int] = {}
     if path.exists():
         with open(path) as f:
             for r in csv.DictReader(f):
@@ -177,19 +184,32 @@ def load_curves(path: Path) -> tuple[dict[tuple[str, int], list[Point]], set[tup
                 curves.setdefault(key, []).append((int(r["env_steps"]), float(r["seconds"]), float(r["mean_return"])))
                 if r["kind"] == FINAL:
                     finished.add(key)
-    return curves, finished
+                elif r["kind"] == UNTRAINED:
+                    warmups[key] = max(warmups.get(key, 0), int(r["env_steps"]))
+    return curves, finished, warmups
 
 
-def append_curve(path: Path, mode: str, seed: int, curve: list[Point]) -> None:
-    """Append a run's points; the last one is its final evaluation."""
+def append_curve(path: Path, mode: str, seed: int, curve: list[Point], warmup_steps: int = 0) -> None:
+    """Append a run's points; the last one is its final evaluation, those at or before
+    warmup_steps env steps evaluated the untrained policy."""
     new = not path.exists()
     with open(path, "a", newline="") as f:
         w = csv.writer(f)
         if new:
             w.writerow(CSV_FIELDS)
         for n, (steps, seconds, ret) in enumerate(curve, 1):
-            kind = FINAL if n == len(curve) else PERIODIC
+            kind = FINAL if n == len(curve) else UNTRAINED if steps <= warmup_steps else PERIODIC
             w.writerow((mode, seed, steps, round(seconds, 2), round(ret, 2), kind))
+
+
+def warmup_steps(args, mode: str) -> int:
+    """Env steps a run of mode takes before its first update: its evaluations up to there
+    measure the initial policy."""
+    if mode == "sb3":
+        return args.sb3_learning_starts
+    from fastsac.config.schema import load_config
+    cfg = load_config(args.config, [*MODES[mode], *args.overrides])
+    return cfg.algo.learning_starts * cfg.env.num_envs
 
 
 def finish_held_run(args, mode: str, seed: int, out: Path, csv_path: Path) -> Point | None:
@@ -205,19 +225,20 @@ def finish_held_run(args, mode: str, seed: int, out: Path, csv_path: Path) -> Po
 
 
 # --------------------------------------------------------------------------- report
-def summary(curves: dict[tuple[str, int], list[Point]], modes: list[str], args) -> str:
+def summary(curves: dict[RunKey, list[Point]], warmups: dict[RunKey, int], modes: list[str], args) -> str:
     lines = [f"budget {args.budget_s:.0f} s per run; values: deterministic eval return, last evaluation at or "
              "before each point; over seeds: mean and IQM with 95% bootstrap intervals", ""]
     for mode in modes:
         for (m, seed), c in sorted(curves.items()):
             if m == mode:
-                s, t = first_reach(c, args.threshold)
+                s, t = first_reach(c, args.threshold, warmups.get((m, seed), 0))
                 lines.append(f"{mode:7s} seed {seed}: final {c[-1][2]:8.1f} at {c[-1][0]:,} env steps / "
                              f"{c[-1][1]:.0f} s; best {max(p[2] for p in c):8.1f}; reached {args.threshold:g} "
                              + (f"at {s:,} steps / {t:.0f} s" if s is not None else "never"))
     lines += ["", "| mode | point | return over seeds |", "|---|---|---|"]
     for mode in modes:
-        runs = [c for (m, _), c in sorted(curves.items()) if m == mode]
+        keys = sorted(key for key in curves if key[0] == mode)
+        runs = [curves[key] for key in keys]
         if not runs:
             continue
         points = [(f"{x:,} env steps", x, "steps") for x in args.at_steps]
@@ -229,7 +250,7 @@ def summary(curves: dict[tuple[str, int], list[Point]], modes: list[str], args) 
                          + (f"; {len(runs) - reached} of {len(runs)} runs did not get there" if reached < len(runs)
                             and reached else "") + " |")
         lines.append(f"| {mode} | final | {describe([c[-1][2] for c in runs])} |")
-        hits = [first_reach(c, args.threshold) for c in runs]
+        hits = [first_reach(curves[key], args.threshold, warmups.get(key, 0)) for key in keys]
         reached = [t for _, t in hits if t is not None]
         lines.append(f"| {mode} | seconds to {args.threshold:g} | {len(reached)}/{len(runs)} runs"
                      + (f", {describe(reached)}" if reached else "") + " |")
@@ -241,7 +262,7 @@ def summary(curves: dict[tuple[str, int], list[Point]], modes: list[str], args) 
         for mode in modes:
             if mode == "sb3":
                 continue
-            times = [first_reach(c, target)[1] for (m, _), c in curves.items() if m == mode]
+            times = [first_reach(c, target, warmups.get(key, 0))[1] for key, c in curves.items() if key[0] == mode]
             got = [t for t in times if t is not None]
             ratio = f"{mean(got) / peer_time:.2f}x the peer's time" if got else "not reached"
             lines.append(f"{mode}: reaches it in {len(got)}/{len(times)} runs"
@@ -249,7 +270,7 @@ def summary(curves: dict[tuple[str, int], list[Point]], modes: list[str], args) 
     return "\n".join(lines) + "\n"
 
 
-def plot(curves: dict[tuple[str, int], list[Point]], modes: list[str], out: Path, title: str) -> list[Path]:
+def plot(curves: dict[RunKey, list[Point]], modes: list[str], out: Path, title: str) -> list[Path]:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -310,7 +331,7 @@ def main() -> int:
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     csv_path = out / "curves.csv"
-    curves, finished = load_curves(csv_path)
+    curves, finished, warmups = load_curves(csv_path)
     for seed in [] if args.report else args.seeds:
         for mode in args.modes:              # interleaved: machine noise hits every mode alike
             if (mode, seed) in curves:
@@ -325,12 +346,13 @@ def main() -> int:
             if not curve:
                 print(f"{mode} seed {seed}: no evaluation point (is eval.interval on?)", file=sys.stderr)
                 return 1
-            append_curve(csv_path, mode, seed, curve)
+            warmups[(mode, seed)] = warmup_steps(args, mode)
+            append_curve(csv_path, mode, seed, curve, warmups[(mode, seed)])
             curves[(mode, seed)] = curve
             print(f"{mode} seed {seed}: final eval return {curve[-1][2]:.1f} at {curve[-1][0]:,} env steps, "
                   f"{curve[-1][1]:.0f} s ({len(curve)} evaluations)", flush=True)
     modes = args.modes
-    text = summary(curves, modes, args)
+    text = summary(curves, warmups, modes, args)
     (out / "summary.md").write_text(text)
     print("\n" + text)
     for path in plot(curves, modes, out, Path(args.config).stem if args.config else out.name):

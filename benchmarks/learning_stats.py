@@ -29,10 +29,13 @@ def value_at(curve: Sequence[Point], budget: float, axis: str) -> float:
     return seen[-1] if seen else math.nan
 
 
-def first_reach(curve: Sequence[Point], threshold: float) -> tuple[int | None, float | None]:
-    """(env steps, seconds) of the first evaluation at or above `threshold`; (None, None) if none."""
+def first_reach(curve: Sequence[Point], threshold: float, after_steps: int = 0) -> tuple[int | None, float | None]:
+    """(env steps, seconds) of the first evaluation past `after_steps` env steps at or above
+    `threshold`; (None, None) if none. after_steps is the run's warm-up: an evaluation before any
+    update measures the initial policy, not learning (Ant's centred first policy stands still and
+    collects ~1,000 of healthy reward)."""
     for steps, seconds, ret in curve:
-        if ret >= threshold:
+        if steps > after_steps and ret >= threshold:
             return steps, seconds
     return None, None
 

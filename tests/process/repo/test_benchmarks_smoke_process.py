@@ -162,6 +162,7 @@ def bench_learning(out: Path, modes: list[str]) -> tuple[str, str]:
     assert rows[0] == "mode,seed,env_steps,seconds,mean_return,kind", rows[:2]
     assert sorted(r.split(",")[0] for r in rows[1:] if r.endswith(",final")) == sorted(modes), rows  # one each
     assert {r.split(",")[0] for r in rows[1:]} == set(modes), rows
+    assert {r.rsplit(",", 1)[1] for r in rows[1:]} <= {"untrained", "periodic", "final"}, rows
     summary = (out / "summary.md").read_text()
     for mode in modes:
         assert f"{mode} seed 1: final eval return" in stdout and f"| {mode} | final | mean " in summary, stdout

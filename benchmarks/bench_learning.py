@@ -226,12 +226,15 @@ def finish_held_run(args, mode: str, seed: int, out: Path, csv_path: Path) -> Po
 
 # --------------------------------------------------------------------------- report
 def summary(curves: dict[RunKey, list[Point]], warmups: dict[RunKey, int], modes: list[str], args) -> str:
+    def reach(key: RunKey, target: float) -> tuple[int | None, float | None]:
+        return first_reach(curves[key], target, warmups.get(key, 0))     # learning only: not the warm-up
+
     lines = [f"budget {args.budget_s:.0f} s per run; values: deterministic eval return, last evaluation at or "
              "before each point; over seeds: mean and IQM with 95% bootstrap intervals", ""]
     for mode in modes:
         for (m, seed), c in sorted(curves.items()):
             if m == mode:
-                s, t = first_reach(c, args.threshold, warmups.get((m, seed), 0))
+                s, t = reach((m, seed), args.threshold)
                 lines.append(f"{mode:7s} seed {seed}: final {c[-1][2]:8.1f} at {c[-1][0]:,} env steps / "
                              f"{c[-1][1]:.0f} s; best {max(p[2] for p in c):8.1f}; reached {args.threshold:g} "
                              + (f"at {s:,} steps / {t:.0f} s" if s is not None else "never"))
@@ -250,7 +253,7 @@ def summary(curves: dict[RunKey, list[Point]], warmups: dict[RunKey, int], modes
                          + (f"; {len(runs) - reached} of {len(runs)} runs did not get there" if reached < len(runs)
                             and reached else "") + " |")
         lines.append(f"| {mode} | final | {describe([c[-1][2] for c in runs])} |")
-        hits = [first_reach(curves[key], args.threshold, warmups.get(key, 0)) for key in keys]
+        hits = [reach(key, args.threshold) for key in keys]
         reached = [t for _, t in hits if t is not None]
         lines.append(f"| {mode} | seconds to {args.threshold:g} | {len(reached)}/{len(runs)} runs"
                      + (f", {describe(reached)}" if reached else "") + " |")
@@ -262,7 +265,7 @@ def summary(curves: dict[RunKey, list[Point]], warmups: dict[RunKey, int], modes
         for mode in modes:
             if mode == "sb3":
                 continue
-            times = [first_reach(c, target, warmups.get(key, 0))[1] for key, c in curves.items() if key[0] == mode]
+            times = [reach(key, target)[1] for key in curves if key[0] == mode]
             got = [t for t in times if t is not None]
             ratio = f"{mean(got) / peer_time:.2f}x the peer's time" if got else "not reached"
             lines.append(f"{mode}: reaches it in {len(got)}/{len(times)} runs"

@@ -194,7 +194,7 @@ def append_curve(path: Path, mode: str, seed: int, curve: list[Point], warmup_st
     warmup_steps env steps evaluated the untrained policy."""
     new = not path.exists()
     with open(path, "a", newline="") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")   # LF, as every other text file in the repository
         if new:
             w.writerow(CSV_FIELDS)
         for n, (steps, seconds, ret) in enumerate(curve, 1):

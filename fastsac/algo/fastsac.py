@@ -80,7 +80,7 @@ class FastSAC:
         self.actor = Actor(obs_dim, act_dim, actor_widths(cfg), cfg.log_std_min, cfg.log_std_max,
                            action_low, action_high).to(dev)
         self.critic = TwinDistributionalCritic(critic_in, act_dim, critic_widths(cfg), cfg.num_atoms,
-                                               cfg.v_min, cfg.v_max).to(dev)
+                                               cfg.v_min, cfg.v_max, cfg.critic_init).to(dev)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self._actor_params = list(self.actor.parameters())
         self._critic_params = list(self.critic.parameters())

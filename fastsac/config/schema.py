@@ -77,6 +77,9 @@ class AlgoConfig:
     num_atoms: int = _f(101, min=2, help="C51 support size")
     v_min: float = _f(-20.0)
     v_max: float = _f(20.0)
+    critic_init: Literal["uniform", "zero_return"] = _f(
+        "uniform", help="the critics' initial return distribution: uniform = near-uniform over the support, every "
+                        "initial Q (v_min + v_max) / 2 (the reference's); zero_return = a narrow bump at return 0")
     gamma: float = _f(0.97, min=0.0, max=1.0)
     tau: float = _f(0.125, min=0.0, max=1.0, min_exclusive=True, help="target network soft-update rate")
     batch_size: int = _f(8192, min=1)

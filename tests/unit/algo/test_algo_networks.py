@@ -115,6 +115,26 @@ def test_critic_shapes_and_q_values():
     assert not torch.equal(logits[0], logits[1])          # two independently initialized nets
 
 
+
+@pytest.mark.parametrize("v_min,v_max", [(-300.0, 1000.0), (-20.0, 20.0)])
+def test_zero_return_init_starts_every_q_near_zero_the_default_at_the_support_middle(v_min, v_max):
+    torch.manual_seed(0)
+    obs, act = torch.randn(256, 5) * 3, torch.rand(256, 2) * 2 - 1
+    span = v_max - v_min
+    uniform = TwinDistributionalCritic(5, 2, [64, 64], 101, v_min, v_max)
+    q = uniform.q_values(uniform(obs, act))
+    assert (q - (v_min + v_max) / 2).abs().max() < 0.05 * span, q        # the reference's: about the middle
+    zero = TwinDistributionalCritic(5, 2, [64, 64], 101, v_min, v_max, init="zero_return")
+    logits = zero(obs, act)
+    assert zero.q_values(logits).abs().max() < 0.02 * span, zero.q_values(logits)
+    assert not torch.equal(logits[0], logits[1])           # the weights still break the symmetry
+    agent = FastSAC(5, 0, 2, LOW, HIGH, AlgoConfig(num_atoms=101, v_min=v_min, v_max=v_max,
+                                                   critic_init="zero_return"), torch.device("cpu"))
+    for critic in (agent.critic, agent.critic_target):
+        assert critic.q_values(critic(obs, act)).abs().max() < 0.02 * span
+    with pytest.raises(ValueError, match="zero_return"):
+        TwinDistributionalCritic(5, 2, [8], 11, v_min, v_max, init="zeros")
+
 def linear_widths(module: torch.nn.Module) -> list[int]:
     return [m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear)]
 

@@ -332,7 +332,7 @@ def main() -> int:
     if args.config is None and not args.report:
         p.error("a config is needed (or --smoke, or --report)")
     out = Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out if args.report else out / "runs").mkdir(parents=True, exist_ok=True)   # a report runs nothing: no runs/
     csv_path = out / "curves.csv"
     curves, finished, warmups = load_curves(csv_path)
     for seed in [] if args.report else args.seeds:

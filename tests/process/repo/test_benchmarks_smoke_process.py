@@ -5,6 +5,7 @@ docs/performance.md); this only keeps them from rotting when the code they drive
 """
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -184,6 +185,12 @@ def test_bench_learning_reports_eval_curves_of_every_fastsac_mode(tmp_path):
                           "--out", str(tmp_path))
     assert again.count("already, skipped") == 2 and again.count("its final evaluation: ") == 1, again
     assert csv_path.read_text().splitlines()[-1].startswith("sync,1,"), "the final row is appended"
+    report = tmp_path / "report"           # --report: the table of a copied curves.csv, nothing run
+    report.mkdir()
+    shutil.copy(csv_path, report / "curves.csv")
+    table = run_benchmark("bench_learning.py", "--report", "--modes", "sync", "async1", "--out", str(report))
+    assert "| sync | final | mean " in table and "| async1 | final | mean " in table, table
+    assert not (report / "runs").exists(), "a report made a runs/ folder"
     assert not list(Path("/dev/shm").glob("fastsac.bl*")), "bench_learning left segments behind"
 
 

@@ -28,7 +28,8 @@ curves_steps.png / curves_seconds.png (every mode on the same axes).
     python benchmarks/bench_learning.py configs/halfcheetah_cpu.yaml --modes sync sb3 --seeds 1 2 3 \\
         --budget-s 1200 --threshold 8000 --out docs/learning/halfcheetah
     python benchmarks/bench_learning.py --smoke --out /tmp/smoke     # the smallest size (tests)
-    python benchmarks/bench_learning.py --report --modes sync sb3 --out docs/learning/halfcheetah   # table again
+    python benchmarks/bench_learning.py --report --modes sync sb3 --budget-s 1200 --out docs/learning/halfcheetah
+        # the table and plots again, from curves.csv (which does not hold the budget: --budget-s names it)
 
 Modes: sync (trainer.asynchronous=false), async1 (1 collector, utd strict, no binding), async2
 (2 collectors, utd strict, bound in-process one CPU each), sb3 (the peer; --sb3-env names its
@@ -68,6 +69,7 @@ SMOKE_OVERRIDES = ["trainer.num_iterations=60", "algo.learning_starts=10", "eval
                    "eval.num_envs=2", "logging.interval=20", "logging.interval_s=1", "checkpoint.interval=0"]
 EVAL_STEPS_RE = re.compile(r"env step ([\d,]+)")       # fastsac-eval's first line: the checkpoint's env step
 EVAL_RETURN_RE = re.compile(r"^return: mean (\S+)", re.M)
+DEFAULT_BUDGET_S = 1200.0  # training wall-clock per run, unless --budget-s
 STOP_GRACE_S = 120.0      # after SIGTERM: the final checkpoint, then the process group is killed
 
 
@@ -229,7 +231,10 @@ def summary(curves: dict[RunKey, list[Point]], warmups: dict[RunKey, int], modes
     def reach(key: RunKey, target: float) -> tuple[int | None, float | None]:
         return first_reach(curves[key], target, warmups.get(key, 0))     # learning only: not the warm-up
 
-    lines = [f"budget {args.budget_s:.0f} s per run; values: deterministic eval return, last evaluation at or "
+    # curves.csv holds points, not the budget they ran under: a report knows it only from --budget-s
+    budget = (f"budget {args.budget_s:.0f} s per run" if args.budget_s is not None
+              else "budget per run: not stored in curves.csv (--budget-s names it)")
+    lines = [f"{budget}; values: deterministic eval return, last evaluation at or "
              "before each point; over seeds: mean and IQM with 95% bootstrap intervals", ""]
     for mode in modes:
         for (m, seed), c in sorted(curves.items()):
@@ -308,7 +313,8 @@ def main() -> int:
     p.add_argument("overrides", nargs="*")
     p.add_argument("--modes", nargs="+", default=["sync", "sb3"], choices=list(MODES))
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    p.add_argument("--budget-s", type=float, default=1200.0, help="wall-clock per run")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"training wall-clock per run (default {DEFAULT_BUDGET_S:.0f}); with --report: the header's")
     p.add_argument("--threshold", type=float, default=8000.0)
     p.add_argument("--at-steps", nargs="*", type=int, default=[50_000, 100_000, 150_000, 200_000])
     p.add_argument("--at-seconds", nargs="*", type=float, default=[300, 600, 900, 1200])
@@ -329,6 +335,8 @@ def main() -> int:
         args.threshold, args.at_steps, args.at_seconds = -1000.0, [640, 1280], [5.0]
         args.sb3_env, args.sb3_eval_every, args.sb3_eval_episodes = "Pendulum-v1", 200, 2
         args.sb3_learning_starts, args.sb3_max_steps, args.final_episodes = 100, 600, 2
+    if args.budget_s is None and not args.report:
+        args.budget_s = DEFAULT_BUDGET_S
     if args.config is None and not args.report:
         p.error("a config is needed (or --smoke, or --report)")
     out = Path(args.out)

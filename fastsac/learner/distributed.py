@@ -45,6 +45,7 @@ BEAT_INTERVAL_S = 0.5      # each rank's beacon writes its beat key this often
 STALE_AFTER_S = 2.0        # a beat unchanged for this long (4 beats) names its rank as stopped
 BEACON_STORE_TIMEOUT_S = 5.0  # the beacon's own store client: a dead store fails its ops within this
 READ_WAIT_S = 10.0         # rank 0 keeps the store up this long for the others to read the settings
+CLOSE_WAIT_S = 30.0        # close(): how long a rank waits for the others to reach each shutdown step
 
 
 # The flat all-gather: torch 2.13 renamed all_gather_into_tensor to all_gather_single and warns on
@@ -77,6 +78,10 @@ def _settings_key(rank: int) -> str:
 
 def _settings_read_key(rank: int) -> str:
     return f"fastsac/settings_read/{rank}"
+
+
+def _shutdown_key(step: str, rank: int) -> str:
+    return f"fastsac/{step}/{rank}"
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
@@ -385,14 +390,33 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
-        """Stop the beacon and destroy the process group; idempotent."""
+        """Stop the beacon and destroy the process group, in step with the other ranks; idempotent.
+
+        Two store barriers, each bounded by CLOSE_WAIT_S (a rank that died or hangs is not waited
+        for beyond that): no rank tears down its gloo pairs while a peer may still be inside the
+        last collective ("left"), and rank 0, which hosts the store in-process, keeps it up until
+        every rank has destroyed its process group ("closed"). Without them a fast rank 0 could
+        abort in the C++ teardown (std::terminate) under a slow peer."""
         if self._closed:
             return
         self._closed = True
         self._beacon.stop()
+        self._store_barrier("left", wait=self._broken is None)
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except RuntimeError:
                 pass   # a broken group: nothing left to tear down cleanly
+        self._store_barrier("closed", wait=self.is_root and self._broken is None)
         self._store = None
+
+    def _store_barrier(self, step: str, wait: bool) -> None:
+        """Announce this rank reached `step`; if `wait`, wait (bounded) until every rank has.
+        Best effort: a vanished store or a missing rank ends the wait, never the shutdown."""
+        try:
+            self._store.set(_shutdown_key(step, self.rank), "1")
+            if wait:
+                self._store.wait([_shutdown_key(step, r) for r in range(self.world_size)],
+                                 datetime.timedelta(seconds=CLOSE_WAIT_S))
+        except RuntimeError:
+            pass

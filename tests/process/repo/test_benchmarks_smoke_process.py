@@ -190,6 +190,7 @@ def test_bench_learning_reports_eval_curves_of_every_fastsac_mode(tmp_path):
     shutil.copy(csv_path, report / "curves.csv")
     table = run_benchmark("bench_learning.py", "--report", "--modes", "sync", "async1", "--out", str(report))
     assert "| sync | final | mean " in table and "| async1 | final | mean " in table, table
+    assert "budget per run: not stored in curves.csv" in table, "a report without --budget-s made one up"
     assert not (report / "runs").exists(), "a report made a runs/ folder"
     assert not list(Path("/dev/shm").glob("fastsac.bl*")), "bench_learning left segments behind"
 

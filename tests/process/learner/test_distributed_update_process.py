@@ -39,6 +39,7 @@ LOW, HIGH = np.array([-2.0, -1.0], np.float32), np.array([2.0, 3.0], np.float32)
 OBS_DIM, CRITIC_OBS_DIM, ACT_DIM = 5, 3, 2
 BATCH = 64
 UPDATES = 3
+SLOW_LEAVE_S = 2.0          # the "leave" scenario's late rank
 TOL = 2e-5                  # float32 reduction-order noise; gradient averaging off moves params by ~lr = 1e-3
 
 
@@ -244,7 +245,17 @@ def scenario_hang(group, out: Path) -> None:
     (out / f"result{group.rank}.json").write_text(json.dumps(result))
 
 
-SCENARIOS = {"update": scenario_update, "normalizers": scenario_normalizers, "broadcast": scenario_broadcast,
+def scenario_leave(group, out: Path) -> None:
+    """Rank 1 is slow to leave after the last collective; its close times come back as files."""
+    group.gather(1.0)
+    if group.rank == 1:
+        time.sleep(SLOW_LEAVE_S)
+    (out / f"close_start{group.rank}").write_text(repr(time.time()))
+    group.close()
+    (out / f"close_end{group.rank}").write_text(repr(time.time()))
+
+
+SCENARIOS = {"update": scenario_update, "leave": scenario_leave, "normalizers": scenario_normalizers, "broadcast": scenario_broadcast,
              "kill": scenario_kill, "hang": scenario_hang}
 
 
@@ -315,6 +326,16 @@ def test_two_ranks_on_half_batches_train_like_one_rank_on_the_whole_batch(ranks,
         control = max(max_diff({k: v for k, v in a.items() if k.startswith(part)},
                                {k: v for k, v in reference.items() if k.startswith(part)})[0] for a in alone)
         assert control > 10 * TOL, f"negative control: {part} without averaging differs only {control:.3g}"
+
+
+@pytest.mark.process
+def test_ranks_leave_in_step_and_rank_0_keeps_the_store_until_the_last_rank_closed(ranks, tmp_path):
+    finish(ranks("leave"), tmp_path, "leave")
+    t = {f"{what}{r}": float((tmp_path / f"{what}{r}").read_text()) for what in ("close_start", "close_end")
+         for r in range(2)}
+    # rank 0 reached close well before rank 1, and it waited there until rank 1 had come to close
+    assert t["close_start1"] - t["close_start0"] > SLOW_LEAVE_S / 2, t
+    assert t["close_end0"] > t["close_start1"], t
 
 
 @pytest.mark.process

@@ -255,8 +255,8 @@ def scenario_leave(group, out: Path) -> None:
     (out / f"close_end{group.rank}").write_text(repr(time.time()))
 
 
-SCENARIOS = {"update": scenario_update, "leave": scenario_leave, "normalizers": scenario_normalizers, "broadcast": scenario_broadcast,
-             "kill": scenario_kill, "hang": scenario_hang}
+SCENARIOS = {"update": scenario_update, "normalizers": scenario_normalizers, "broadcast": scenario_broadcast,
+             "kill": scenario_kill, "hang": scenario_hang, "leave": scenario_leave}
 
 
 def worker_main(argv: list[str]) -> int:

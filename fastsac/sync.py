@@ -30,6 +30,9 @@ from fastsac.run.torch_runtime import configure_torch, resolve_device
 
 def train_sync(cfg: Config) -> int:
     run_state.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
+    # SIGTERM/SIGINT: finish the iteration, final checkpoint, exit 0. Installed before torch and
+    # the envs run, so a stop while they build (C++ that calls Python) is recorded, never raised
+    stop = StopSignal().install()
     device = resolve_device(cfg.device)
     configure_torch()   # the threads stay: stepping and learning alternate on every CPU we may use
     torch.manual_seed(learner_torch_seed(cfg.seed))
@@ -48,7 +51,6 @@ def train_sync(cfg: Config) -> int:
     telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n,
                           episode_steps=spec.max_episode_steps)
     log = telemetry.metrics
-    stop = StopSignal().install()   # SIGTERM/SIGINT: finish the iteration, final checkpoint, exit 0
     # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
     threads = ThreadTuner(torch.get_num_threads(), torch.set_num_threads, log=log.line) \
         if device.type == "cpu" and torch.get_num_threads() > 1 else None

@@ -7,6 +7,8 @@ unlink). The launcher also takes the signals one by one: a second one escalates 
 While a process holds nothing a graceful stop would keep (a collector building its envs: a
 minute for a large EnvPool pool, all inside one C call that holds a Python handler off),
 `ending_at_once` gives the stop signals back their default action, so a stop ends it at once.
+Before a process has its own handling, `interrupt_deferred` holds a Ctrl-C off while C++ runs
+Python (torch's import), where a KeyboardInterrupt cannot unwind.
 """
 from __future__ import annotations
 
@@ -28,6 +30,27 @@ def ending_at_once(stop: "StopSignal", signals: tuple[int, ...] = STOP_SIGNALS):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def interrupt_deferred():
+    """Inside: SIGINT only records itself; on the way out a recorded one is raised as the
+    KeyboardInterrupt it would have been. Python's default SIGINT handler raises wherever the
+    interpreter happens to be, and inside Python code that C++ called (torch's import runs much of
+    it through pybind11) the exception escapes as a C++ `error_already_set` that aborts the process
+    (`terminate called ...`) instead of unwinding. A SIGINT that is ignored (a job started in the
+    background) or handled otherwise is left as it is."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
 
 
 class StopSignal:

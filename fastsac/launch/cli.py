@@ -17,6 +17,7 @@ import sys
 
 from fastsac import shm_layout as shm
 from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
+from fastsac.common.stopping import interrupt_deferred
 from fastsac.config import Config, ConfigError, config_to_yaml, load_config
 from fastsac.envs.registry import env_spec
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
@@ -198,8 +199,11 @@ def supervise_job(cfg: Config, plan, check_numa: bool) -> int:
 
 
 def run_sync(cfg: Config) -> int:
-    # torch: only the synchronous trainer brings it in (the launcher itself is torch-free)
-    from fastsac.sync import train_sync
+    # torch: only the synchronous trainer brings it in (the launcher itself is torch-free); a
+    # Ctrl-C while it imports surfaces after the import, where it unwinds (train_sync then
+    # installs its own handling first)
+    with interrupt_deferred():
+        from fastsac.sync import train_sync
     try:
         with RunDirLock.acquire(cfg.run_path, cfg.job_name):
             return train_sync(cfg)

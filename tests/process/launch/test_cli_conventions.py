@@ -83,3 +83,60 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line_not_a_traceback(tmp_path, 
     if proc.returncode == 130:
         assert "fastsac-launch: interrupted (Ctrl-C) while starting, before the job ran" in err, err
     assert job_segments(job_name) == []
+
+
+INTERRUPT_DEFERRED = """
+import signal
+from fastsac.common.stopping import interrupt_deferred
+ran_on = False
+try:
+    with interrupt_deferred():
+        signal.raise_signal(signal.SIGINT)   # a Ctrl-C in the middle: only recorded
+        ran_on = True
+except KeyboardInterrupt:
+    print("raised on the way out" if ran_on else "raised inside")
+print("default handler back:", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a job started in the background ignores SIGINT
+with interrupt_deferred():
+    signal.raise_signal(signal.SIGINT)
+print("ignored stays ignored:", signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+"""
+
+
+@pytest.mark.process
+def test_a_deferred_interrupt_is_raised_after_the_block_and_an_ignored_one_stays_ignored():
+    proc = run_python(INTERRUPT_DEFERRED)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:3] == ["raised on the way out", "default handler back: True",
+                                           "ignored stays ignored: True"], proc.stdout + proc.stderr
+
+
+CTRL_C_WHILE_THE_ENVS_BUILD = """
+import signal, sys
+import fastsac.sync as sync
+from fastsac.launcher import main
+make_env = sync.make_env
+def interrupted_make_env(*args, **kwargs):   # the Ctrl-C lands while the envs build
+    signal.raise_signal(signal.SIGINT)
+    return make_env(*args, **kwargs)
+sync.make_env = interrupted_make_env
+sys.exit(main([sys.argv[1]]))
+"""
+
+
+@pytest.mark.process
+def test_ctrl_c_while_the_sync_trainer_builds_its_envs_is_a_graceful_stop(tmp_path, job_name):
+    """The sync trainer installs its stop handling before torch and the envs run (C++ that calls
+    Python, where a raised KeyboardInterrupt aborts the process): the stop is recorded and the
+    run ends at its first iteration with a final checkpoint, exit 0."""
+    cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": False})
+    proc = run_python(CTRL_C_WHILE_THE_ENVS_BUILD, str(cfg))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stop requested: writing final checkpoint" in proc.stdout, proc.stdout
+    assert list((tmp_path / "run" / "checkpoints").glob("*.pt")), "no final checkpoint"
+
+
+def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    # SIGINT as a terminal delivers it (a test run in the background ignores it, which children inherit)
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

@@ -199,10 +199,10 @@ def supervise_job(cfg: Config, plan, check_numa: bool) -> int:
 
 
 def run_sync(cfg: Config) -> int:
-    # torch: only the synchronous trainer brings it in (the launcher itself is torch-free); a
-    # Ctrl-C while it imports surfaces after the import, where it unwinds (train_sync then
+    # a Ctrl-C while torch imports surfaces after the import, where it unwinds (train_sync then
     # installs its own handling first)
     with interrupt_deferred():
+        # torch: only the synchronous trainer brings it in (the launcher itself is torch-free)
         from fastsac.sync import train_sync
     try:
         with RunDirLock.acquire(cfg.run_path, cfg.job_name):

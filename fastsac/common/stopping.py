@@ -43,13 +43,12 @@ def interrupt_deferred():
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
-    received: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    received = StopSignal().install((signal.SIGINT,))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if received:
+    if received.requested:
         raise KeyboardInterrupt
 
 

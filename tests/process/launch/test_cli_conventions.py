@@ -23,6 +23,11 @@ COMMANDS = {   # what a user types -> the module that runs it
 }
 
 
+def sigint_as_a_terminal_delivers_it() -> None:
+    """preexec_fn: a test run in the background (nohup, `&`) ignores SIGINT, which children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120, **kwargs)
@@ -66,10 +71,9 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line_not_a_traceback(tmp_path, 
     envs or spawns the job: exit 130 with one line before the job's own handling is in place,
     a graceful stop (0) after; never a KeyboardInterrupt traceback, no segment left."""
     cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": mode == "async"})
-    # SIGINT as a terminal delivers it: a test run in the background (nohup, `&`) ignores it, which children inherit
     proc = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_as_a_terminal_delivers_it)
     try:
         time.sleep(delay_s)
         proc.send_signal(signal.SIGINT)
@@ -137,6 +141,5 @@ def test_ctrl_c_while_the_sync_trainer_builds_its_envs_is_a_graceful_stop(tmp_pa
 
 
 def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
-    # SIGINT as a terminal delivers it (a test run in the background ignores it, which children inherit)
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          preexec_fn=sigint_as_a_terminal_delivers_it)

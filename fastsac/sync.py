@@ -30,8 +30,9 @@ from fastsac.run.torch_runtime import configure_torch, resolve_device
 
 def train_sync(cfg: Config) -> int:
     run_state.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
-    # SIGTERM/SIGINT: finish the iteration, final checkpoint, exit 0. Installed before torch and
-    # the envs run, so a stop while they build (C++ that calls Python) is recorded, never raised
+    # SIGTERM/SIGINT/SIGHUP (stopping.STOP_SIGNALS, as the async launcher): finish the iteration, final
+    # checkpoint, exit 0. Installed before torch and the envs run, so a stop while they build (C++
+    # that calls Python) is recorded, never raised
     stop = StopSignal().install()
     device = resolve_device(cfg.device)
     configure_torch()   # the threads stay: stepping and learning alternate on every CPU we may use

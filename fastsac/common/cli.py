@@ -12,7 +12,7 @@ from typing import Callable
 from fastsac import __version__
 from fastsac.errors import EXIT_OK, EXIT_USAGE
 
-EXIT_CODES_HELP = ("exit codes: 0 done, or stopped gracefully (SIGTERM, Ctrl-C) after its final checkpoint; "
+EXIT_CODES_HELP = ("exit codes: 0 done, or stopped gracefully (SIGTERM, SIGHUP, Ctrl-C) after its final checkpoint; "
                    "1 a runtime failure; 2 invalid config or usage (nothing was started or written)")
 
 

@@ -5,7 +5,7 @@ segment, starts the learner and the collectors as separate processes (each under
 numactl when binding is on), supervises them and cleans up. The synchronous trainer
 (`trainer.asynchronous: false`) runs in this process instead.
 
-Exit codes: 0 finished (or stopped gracefully by SIGTERM/SIGINT after the final
+Exit codes: 0 finished (or stopped gracefully by SIGTERM/SIGINT/SIGHUP after the final
 checkpoint), 1 runtime failure, 2 invalid config or usage.
 """
 from __future__ import annotations

@@ -162,7 +162,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
-        self.stop_signal.install((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+        self.stop_signal.install()   # stopping.STOP_SIGNALS, the same as the synchronous trainer's
         for child in self.learners:
             with open(child.log_path, "ab") as f:
                 self._tail_pos[child.log_path] = f.tell()

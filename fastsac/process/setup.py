@@ -116,8 +116,8 @@ def build_and_run(role: str, build: Callable[[StopSignal], Any], usage_errors: t
 
     Construction errors end the process (FatalError): a ConfigError and `usage_errors` (e.g. an
     unusable checkpoint) with exit code 2, a ShmLayoutError (a segment that cannot be attached)
-    and `failure_errors` with 1. SIGTERM/SIGINT handlers are installed before construction, so a
-    stop during start-up counts; `build(stop)` may hand them back for a phase that holds nothing
+    and `failure_errors` with 1. The stop signals' handlers (stopping.STOP_SIGNALS) are installed
+    before construction, so a stop during start-up counts; `build(stop)` may hand them back for a phase that holds nothing
     (stopping.ending_at_once).
     """
     from fastsac.shm_layout import ShmLayoutError   # numpy: only once start() has bound this process

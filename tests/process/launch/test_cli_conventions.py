@@ -24,8 +24,10 @@ COMMANDS = {   # what a user types -> the module that runs it
 
 
 def sigint_as_a_terminal_delivers_it() -> None:
-    """preexec_fn: a test run in the background (nohup, `&`) ignores SIGINT, which children inherit."""
+    """preexec_fn: a test run in the background (nohup, `&`) ignores SIGINT (and under nohup SIGHUP),
+    which children inherit."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def run(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -87,6 +89,62 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line_not_a_traceback(tmp_path, 
     if proc.returncode == 130:
         assert "fastsac-launch: interrupted (Ctrl-C) while starting, before the job ran" in err, err
     assert job_segments(job_name) == []
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize("mode, delay_s", [("sync", 0.3), ("async", 0.3), ("async", 1.5)])
+def test_sigterm_or_sighup_while_the_launcher_starts_is_the_same_as_ctrl_c(tmp_path, job_name, mode, delay_s, sig):
+    """Before the job's own handling is installed, SIGTERM and SIGHUP end the launcher as a Ctrl-C
+    does: one line naming the signal, exit 128 + the signal; after it, a graceful stop (0). Never a
+    silent death by the signal with an empty log, never a segment left."""
+    cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": mode == "async"})
+    proc = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_as_a_terminal_delivers_it)
+    try:
+        time.sleep(delay_s)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode in (0, 128 + sig), (proc.returncode, out + err)
+    if proc.returncode == 128 + sig:
+        assert f"fastsac-launch: interrupted ({signal.Signals(sig).name}) while starting, before the job ran" in err, err
+    assert "Traceback" not in err, err
+    assert job_segments(job_name) == []
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_every_stop_signal_stops_the_sync_trainer_gracefully(tmp_path, job_name, sig):
+    """SIGHUP (an ssh session that drops), SIGTERM and SIGINT mid-run: the synchronous trainer
+    finishes its iteration, writes the final checkpoint and its summary, exit 0 (the async
+    trainer: test_faults.py)."""
+    cfg = tiny_config(tmp_path, job_name, trainer={"num_iterations": 100000, "asynchronous": False},
+                      checkpoint={"interval": 0})
+    proc = subprocess.Popen([sys.executable, "-m", "fastsac.launcher", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_as_a_terminal_delivers_it)
+    try:
+        seen = ""
+        while "run started" not in seen:     # the trainer runs: its own stop handling is in place
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            seen += line
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = seen + out
+    assert proc.returncode == 0, (proc.returncode, out + err)
+    assert "stop requested: writing final checkpoint" in out and "run summary:" in out, out + err
+    assert len(list((tmp_path / "run" / "checkpoints").glob("ckpt_*.pt"))) == 1, "no final checkpoint"
 
 
 INTERRUPT_DEFERRED = """

@@ -469,17 +469,20 @@ def test_launcher_kill9_orphans_exit_and_stale_segments_are_recovered(fault_job,
 # --------------------------------------------------------------------------- 4. SIGTERM
 
 @pytest.mark.process
-def test_sigterm_to_the_launcher_stops_gracefully_with_a_final_checkpoint(fault_job):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_sigterm_to_the_launcher_stops_gracefully_with_a_final_checkpoint(fault_job, sig):
+    """Every stop signal docs/operations.md names (SIGHUP: an ssh session that drops; SIGINT:
+    test_cli_conventions.py) is the same graceful stop."""
     job = fault_job(trainer={"num_iterations": 100_000}, checkpoint={"interval": 0})
     launcher = job.start()
     ctl = job.wait_running(min_env_steps=10 * 8)
     children = [int(ctl.learner["pid"]), int(ctl.collector(0)["pid"])]
-    os.kill(launcher.pid, signal.SIGTERM)
+    os.kill(launcher.pid, sig)
     t0 = time.monotonic()
     assert job.wait(launcher, 30) == 0, job.diagnostics()
     assert time.monotonic() - t0 < 10          # well inside stop_timeout_s: nothing was escalated
     out = job.stdout(launcher)
-    assert "received SIGTERM" in out and "stopped by signal after the final checkpoint" in out, out
+    assert f"received {signal.Signals(sig).name}" in out and "stopped by signal after the final checkpoint" in out, out
     assert "SIGKILL" not in out and "sending SIGTERM" not in out
     ckpts = sorted((job.run / "checkpoints").glob("ckpt_*.pt"))
     assert len(ckpts) == 1                     # interval 0: the final checkpoint only

@@ -103,6 +103,7 @@ class AlgoConfig:
     max_grad_norm: float = _f(0.0, min=0.0, help="gradient clipping; 0 = off")
     compile: bool = _f(False, help="torch.compile the update (CUDA only; ignored on CPU)")
     amp: bool = _f(False, help="bf16 autocast for the update (CUDA only; ignored on CPU)")
+    tf32: bool = _f(True, help="TF32 tensor cores for fp32 matmuls and convolutions (CUDA only; ignored on CPU)")
 
 
 @dataclass
@@ -121,6 +122,8 @@ class AsyncOptions:
     numa_nodes: list[int] = _f(default_factory=list, help="explicit node per collector (overrides placement)")
     cpus_per_collector: int = _f(0, min=0, help="CPUs per collector inside a node; 0 = the node's CPUs shared evenly")
     learner_numa_node: int = _f(-1, min=-1, help="-1 = the GPU's node (node 0 when unknown)")
+    learner_cpus: int = _f(2, min=0, help="CPUs a CUDA learner keeps for itself on its node when the collectors "
+                                          "there share the node (cpus_per_collector 0); 0 = share them")
     manual_collectors: list[int] = _f(default_factory=list, help="collector ids the launcher leaves for a person to start")
     collector_wait_s: float = _f(600.0, min=0.0, min_exclusive=True,
                                  help="the learner holds the job (no env step counts) until every planned collector, "

@@ -2,8 +2,8 @@
 
 Pure functions of the config and the discovered Topology, called by `placement.plan_job`:
 
-  * devices     distributed.learner_devices, else one learner: `device` as today; several:
-                the first num_learners GPUs (cuda:0, cuda:1, ...) when the machine has GPUs
+  * devices     fastsac.machine.devices: distributed.learner_devices (each GPU at most once),
+                else the first num_learners GPUs (cuda:0, cuda:1, ...) when the machine has GPUs
                 (or `device` asks for cuda), cpu when it has none or `device` is cpu.
   * nodes       each learner on its GPU's NUMA node (learner_numa_node overrides; unknown or
                 unusable GPU node: the lowest usable node), decided by placement's rules.
@@ -15,7 +15,7 @@ Pure functions of the config and the discovered Topology, called by `placement.p
   * CPUs        the learners of one node share the node's CPUs left over by collectors in
                 disjoint slices (or share them all when there are fewer CPUs than learners).
 
-One learner and one machine is exactly today's plan: device `device`, no --learner-index.
+One learner and one machine: no --learner-index, no learners: section in --plan.
 """
 from __future__ import annotations
 
@@ -40,20 +40,6 @@ def machine_env_offset(cfg: Config) -> int:
 def is_group(cfg: Config) -> bool:
     """A learner group (torch.distributed) runs when the job has more than one learner."""
     return world_size(cfg) > 1
-
-
-def learner_devices(cfg: Config, topo: Topology) -> list[str]:
-    d = cfg.distributed
-    if d.learner_devices:
-        if len(d.learner_devices) != d.num_learners:  # config.py checks it too; the plan must not trust it
-            raise ConfigError(f"{_D}.learner_devices: {d.learner_devices} has {len(d.learner_devices)} entries "
-                              f"but num_learners is {d.num_learners}; give one device per learner or leave it empty")
-        return list(d.learner_devices)
-    if d.num_learners == 1:
-        return [cfg.device]
-    if cfg.device == "cpu" or (not topo.gpus and not cfg.device.startswith("cuda")):
-        return ["cpu"] * d.num_learners
-    return [f"cuda:{i}" for i in range(d.num_learners)]
 
 
 def assign_collectors(cfg: Config, learner_nodes: Sequence[int | None],

@@ -43,6 +43,7 @@ from typing import Literal, Sequence
 
 from fastsac.common.seeds import collector_seed, resolve_eval_seed
 from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
+from fastsac.machine import devices as dv
 from fastsac.machine import learner_plan as lp
 from fastsac.machine.binding import thread_env
 from fastsac.machine.topology import NumaNode, Topology, format_cpulist
@@ -79,7 +80,8 @@ class ProcessPlan:
     threads: the size of each of its thread pools (torch intra-op, OpenMP, BLAS, env physics):
           the CPUs it owns; with binding off the allowed CPUs shared out among the job's
           processes, so that all of them together never run more threads than there are CPUs.
-    env:  extra environment for the child (thread-pool sizes = threads), as sorted pairs.
+    env:  extra environment for the child (thread-pool sizes = threads, CUDA_DEVICE_ORDER), as sorted pairs.
+    device: concrete ('cpu' or 'cuda:K'); device_reason says why (fastsac.machine.devices).
     argv: the exact command; argv[0] is numactl or the interpreter.
     """
     role: Literal["learner", "collector", "evaluator"]
@@ -91,6 +93,7 @@ class ProcessPlan:
     argv: tuple[str, ...]
     threads: int = 1
     env: tuple[tuple[str, str], ...] = ()
+    device_reason: str = ""
 
     @property
     def name(self) -> str:
@@ -309,8 +312,34 @@ def _collector_nodes(cfg: Config, topo: Topology, learner_node: int) -> tuple[li
     raise ConfigError(f"{_AO}.placement: {ao.placement!r} is not valid; expected one of 'spread', 'colocate'")
 
 
-def _cpu_slices(cfg: Config, topo: Topology, nodes: list[int]) -> list[tuple[int, ...]]:
-    """Contiguous disjoint CPU slices (in core order) for the collectors sharing each node."""
+def _learner_reserve(cfg: Config, topo: Topology, learner_nodes: list, devices: list, nodes: list,
+                     notes: list[str]) -> dict[int, int]:
+    """CPUs to keep for the CUDA learners of each node when its collectors would take them all
+    (cpus_per_collector 0): the learner is the one thread launching the update's kernels, and on
+    a CPU shared with a collector every launch waits behind physics. learner_cpus per CUDA
+    learner, at most what leaves each collector there one CPU."""
+    want = cfg.trainer.async_options.learner_cpus
+    if not want or cfg.trainer.async_options.cpus_per_collector:
+        return {}
+    out = {}
+    for nid in sorted({ln for ln, dev in zip(learner_nodes, devices) if dev != "cpu"}):
+        k = sum(1 for x in nodes if x == nid)
+        if not k:
+            continue   # no collector there: the learner has the node's CPUs anyway
+        cuda_here = sum(1 for ln, dev in zip(learner_nodes, devices) if ln == nid and dev != "cpu")
+        have = len(topo.node(nid).core_ordered_cpus)
+        out[nid] = min(want * cuda_here, max(0, have - k))
+        if out[nid] < want * cuda_here:
+            notes.append(f"node {nid}: {_AO}.learner_cpus={want} for {cuda_here} CUDA learner(s) would leave its "
+                         f"{k} collector(s) no CPU; the learner keeps {out[nid]}")
+    return out
+
+
+def _cpu_slices(cfg: Config, topo: Topology, nodes: list[int], reserve: dict[int, int] | None = None
+                ) -> list[tuple[int, ...]]:
+    """Contiguous disjoint CPU slices (in core order) for the collectors sharing each node; the
+    last `reserve[node]` CPUs of a node (in core order) stay out of them, for its learners."""
+    reserve = reserve or {}
     per = cfg.trainer.async_options.cpus_per_collector
     key = f"{_AO}.cpus_per_collector"
     if per < 0:
@@ -334,7 +363,8 @@ def _cpu_slices(cfg: Config, topo: Topology, nodes: list[int]) -> list[tuple[int
                               f"{have} usable CPU{'s' if have != 1 else ''} ({format_cpulist(order)}); every "
                               "collector needs its own CPU: use fewer collectors or spread them "
                               f"({_AO}.placement / numa_nodes)")
-        sizes = [per] * k if per else [have // k + (1 if j < have % k else 0) for j in range(k)]
+        share = have - reserve.get(nid, 0)
+        sizes = [per] * k if per else [share // k + (1 if j < share % k else 0) for j in range(k)]
         start = 0
         for member, size in zip(members, sizes):
             slices[member] = tuple(sorted(order[start:start + size]))
@@ -342,29 +372,44 @@ def _cpu_slices(cfg: Config, topo: Topology, nodes: list[int]) -> list[tuple[int
     return slices
 
 
-def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[str] = (),
-             python: str = sys.executable, numactl_path: str | None | _Which = _WHICH) -> JobPlan:
-    """Plan the learner and every collector. Pure; raises ConfigError for an impossible layout.
-
-    config_path / overrides are passed verbatim to every child, so each child re-loads exactly
-    the config the launcher validated. numactl_path: default shutil.which('numactl'); None =
-    numactl is not available (tests pass both explicitly).
-    """
+def _env_blocks(cfg: Config) -> tuple[tuple[int, int], ...]:
+    """Each collector's env block, after checking the collector count and the manual ids."""
     from fastsac.shm_layout import MAX_COLLECTORS  # the layout's constant (numpy is imported only here)
-    numactl = shutil.which("numactl") if isinstance(numactl_path, _Which) else numactl_path
-    ao = cfg.trainer.async_options
-    n = ao.num_collectors
+    n = cfg.trainer.async_options.num_collectors
     if n > MAX_COLLECTORS:  # the control block has a fixed record per possible collector
         raise ConfigError(f"{_AO}.num_collectors: {n} is out of range; a job has at most {MAX_COLLECTORS} "
                           "collectors (the shared-memory layout's maximum)")
     blocks = split_envs(cfg.env.num_envs, n)
-    for i, cid in enumerate(ao.manual_collectors):
+    for i, cid in enumerate(cfg.trainer.async_options.manual_collectors):
         if not 0 <= cid < n:
             raise ConfigError(f"{_AO}.manual_collectors[{i}]: {cid} is not a collector id; valid ids are 0..{n - 1}")
+    return blocks
+
+
+def _env_for(threads: int) -> tuple[tuple[str, str], ...]:
+    """A child's extra environment: its thread-pool sizes and the GPU numbering the plan assumes."""
+    return tuple(sorted({**thread_env(threads), dv.DEVICE_ORDER_ENV[0]: dv.DEVICE_ORDER_ENV[1]}.items()))
+
+
+def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[str] = (),
+             python: str = sys.executable, numactl_path: str | None | _Which = _WHICH,
+             torch_build: dv.TorchBuild | None = None) -> JobPlan:
+    """Plan the learner and every collector. Pure; raises ConfigError for an impossible layout.
+
+    config_path / overrides are passed verbatim to every child, so each child re-loads exactly
+    the config the launcher validated. numactl_path: default shutil.which('numactl'); None =
+    numactl is not available (tests pass both explicitly). torch_build: the installed torch
+    (default: read from its files), named in the reason of a GPU chosen by `auto`.
+    """
+    numactl = shutil.which("numactl") if isinstance(numactl_path, _Which) else numactl_path
+    ao = cfg.trainer.async_options
+    n = ao.num_collectors
+    blocks = _env_blocks(cfg)
     overrides = [str(o) for o in overrides]
     notes: list[str] = []
     method = _resolve_binding(ao, numactl, topo, notes)
-    devices = lp.learner_devices(cfg, topo)
+    choices = dv.learner_device_choices(cfg, topo, torch_build or dv.installed_torch())
+    devices = [c.device for c in choices]
 
     learner_nodes, learner_cpu_sets, nodes, slices, placement = _placement(cfg, topo, method, devices, notes)
     learner_node = learner_nodes[0]
@@ -387,30 +432,29 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
 
     count = _thread_counts(method, topo, n, learner_cpu_sets, slices, evaluator_cpus)
 
-    def env_for(threads: int) -> tuple[tuple[str, str], ...]:
-        return tuple(sorted(thread_env(threads).items()))
-
     several = len(devices) > 1
     learners = tuple(
         LearnerPlan(role="learner", node=learner_nodes[k], cpus=learner_cpu_sets[k], binding=method,
-                    device=devices[k], seed=cfg.seed, learner_index=k, global_rank=rank,
-                    node_rank=cfg.distributed.node_rank, several=several,
+                    device=devices[k], device_reason=choices[k].reason, seed=cfg.seed, learner_index=k,
+                    global_rank=rank, node_rank=cfg.distributed.node_rank, several=several,
                     argv=argv_for(LEARNER_MODULE, learner_nodes[k], learner_cpu_sets[k],
                                   [lp.LEARNER_INDEX_ARG, str(k)] if several else []),
-                    threads=count.learners[k], env=env_for(count.learners[k]))
+                    threads=count.learners[k], env=_env_for(count.learners[k]))
         for k, rank in enumerate(lp.ranks(cfg)))
     evaluator = None if evaluator_cpus is None else ProcessPlan(
         role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu",
-        seed=resolve_eval_seed(cfg),
+        device_reason="the evaluator runs its episodes on the CPU", seed=resolve_eval_seed(cfg),
         argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), threads=count.evaluator,
-        env=env_for(count.evaluator))
+        env=_env_for(count.evaluator))
     manual = set(ao.manual_collectors)
+    inference = [dv.collector_device_choice(ao.collector_inference_device, devices[owner[i]], owner[i], several, topo)
+                 for i in range(n)]
     collectors = tuple(
         CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=tuple(slices[i]), binding=method,
-                      device=ao.collector_inference_device, seed=collector_seed(cfg.seed, i),
+                      device=inference[i].device, device_reason=inference[i].reason, seed=collector_seed(cfg.seed, i),
                       env_first=blocks[i][0], env_count=blocks[i][1], manual=i in manual, learner_index=owner[i],
                       argv=argv_for(COLLECTOR_MODULE, nodes[i], tuple(slices[i]), ["--collector-id", str(i)]),
-                      threads=count.collectors[i], env=env_for(count.collectors[i]))
+                      threads=count.collectors[i], env=_env_for(count.collectors[i]))
         for i in range(n))
     if manual:
         many = len(manual) > 1
@@ -442,7 +486,7 @@ def _placement(cfg: Config, topo: Topology, method: str, devices: list, notes: l
         learner_nodes = [_learner_node(cfg, topo, notes, dev) for dev in devices]
         learner_node = learner_nodes[0]
         nodes, placement = _collector_nodes(cfg, topo, learner_node)
-        slices = _cpu_slices(cfg, topo, nodes)
+        slices = _cpu_slices(cfg, topo, nodes, _learner_reserve(cfg, topo, learner_nodes, devices, nodes, notes))
         learner_cpus = _learner_cpus(topo, learner_node, nodes, slices, notes)
         learner_cpu_sets = _learners_cpus(topo, learner_nodes, nodes, slices, notes) if len(devices) > 1 \
             else [tuple(learner_cpus)]

@@ -33,6 +33,9 @@ def format_plan(plan: JobPlan) -> str:
     lines = [head, plan.topology.describe(), ""]
     lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.append("")
+    lines.append("devices:")
+    lines += [f"  {(p.name + ':').ljust(max(len(q.name) for q in plan.processes) + 1)} {p.device} ({p.device_reason})"
+              for p in plan.processes]
     lines.append("commands:")
     label_w = max(len(p.name) for p in plan.processes) + 1
     for p in plan.processes:
@@ -53,7 +56,7 @@ def format_plan(plan: JobPlan) -> str:
 
 def _process_json(p: ProcessPlan) -> dict:
     d = {"name": p.name, "role": p.role, "node": p.node, "cpus": list(p.cpus), "cpulist": p.cpulist,
-         "binding": p.binding, "device": p.device, "seed": p.seed, "argv": list(p.argv),
+         "binding": p.binding, "device": p.device, "device_reason": p.device_reason, "seed": p.seed, "argv": list(p.argv),
          "command": p.command, "threads": p.threads, "env": p.env_dict}
     if isinstance(p, CollectorPlan):
         d.update(collector_id=p.collector_id, env_first=p.env_first, env_count=p.env_count, manual=p.manual)

@@ -84,10 +84,10 @@ def test_default_config_binds_nothing(two, numactl):
     col = p.collectors[0]
     assert col.node is None and col.cpus == tuple(range(8)) and col.binding == "off" and not col.manual
     assert (col.env_first, col.env_count, col.seed) == (0, 4096, 1)
-    assert col.device == c.trainer.async_options.collector_inference_device
+    assert col.device == "cuda:0"     # 'auto' follows the learner, which 'auto' put on the GPU
     assert col.argv == collector_argv(0, overrides=["seed=3"])
     assert p.learner.argv == learner_argv(overrides=["seed=3"])
-    assert p.learner.node is None and p.learner.cpus == tuple(range(8)) and p.learner.device == "auto"
+    assert p.learner.node is None and p.learner.cpus == tuple(range(8)) and p.learner.device == "cuda:0"
     assert not any("numactl" in a or a.startswith("--bind") for x in p.processes for a in x.argv)
     assert p.notes == ()
 
@@ -126,8 +126,8 @@ def test_auto_binds_several_collectors_on_several_nodes_without_a_second_switch(
     assert c.trainer.async_options.numa_binding == "auto"
     p = plan(c, two)
     assert (p.binding, p.requested_binding, p.placement) == ("numactl", "auto", "spread")
-    assert [(x.node, x.cpus) for x in p.collectors] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
-    assert p.learner.node == 1 and p.learner.argv[:3] == (NUMACTL, "--cpunodebind=1", "--membind=1")
+    assert [(x.node, x.cpus) for x in p.collectors] == [(0, (0, 1, 2, 3)), (1, (4, 5))]
+    assert p.learner.node == 1 and p.learner.argv[:3] == (NUMACTL, "--physcpubind=6-7", "--membind=1")
     assert plan(cfg(num_collectors=2), two, numactl=None).binding == "inprocess"
 
 
@@ -182,19 +182,23 @@ def test_spread_one_collector_per_node_with_numactl(two):
     p = plan(cfg(num_collectors=2, numa_binding="numactl"), two)
     c0, c1 = p.collectors
     assert (p.binding, p.placement, p.numactl) == ("numactl", "spread", NUMACTL)
-    assert (c0.node, c0.cpus, c1.node, c1.cpus) == (0, (0, 1, 2, 3), 1, (4, 5, 6, 7))
+    assert (c0.node, c0.cpus, c1.node, c1.cpus) == (0, (0, 1, 2, 3), 1, (4, 5))
     assert c0.argv == collector_argv(0, prefix=(NUMACTL, "--cpunodebind=0", "--membind=0"))
-    assert c1.argv == collector_argv(1, prefix=(NUMACTL, "--cpunodebind=1", "--membind=1"))
-    # learner on the GPU's node; collector 1 took all of it, so the learner shares (and says so)
-    assert p.learner.node == 1 and p.learner.cpus == (4, 5, 6, 7)
-    assert p.learner.argv == learner_argv(prefix=(NUMACTL, "--cpunodebind=1", "--membind=1"))
+    assert c1.argv == collector_argv(1, prefix=(NUMACTL, "--physcpubind=4-5", "--membind=1"))
+    # the CUDA learner on the GPU's node keeps learner_cpus (2) of collector 1's node for itself
+    assert p.learner.node == 1 and p.learner.cpus == (6, 7) and p.learner.threads == 2
+    assert p.learner.argv == learner_argv(prefix=(NUMACTL, "--physcpubind=6-7", "--membind=1"))
+    assert not any("learner shares" in n for n in p.notes)
+    # learner_cpus 0: collector 1 takes the whole node and the learner shares it (and says so)
+    p = plan(cfg(num_collectors=2, numa_binding="numactl", learner_cpus=0), two)
+    assert p.collectors[1].cpus == (4, 5, 6, 7) and p.learner.cpus == (4, 5, 6, 7) and p.learner.threads == 1
     assert any("learner shares node 1's CPUs (4-7) with collector 1" in n for n in p.notes)
 
 
 def test_spread_round_robin_slices_nodes(two):
     p = plan(cfg(num_collectors=4, numa_binding="numactl"), two)
     assert [x.node for x in p.collectors] == [0, 1, 0, 1]
-    assert [x.cpus for x in p.collectors] == [(0, 1), (4, 5), (2, 3), (6, 7)]
+    assert [x.cpus for x in p.collectors] == [(0, 1), (4,), (2, 3), (5,)]   # 6-7: the CUDA learner's
     # a slice of a node is enforced with --physcpubind: --cpunodebind would grant the whole node
     assert p.collectors[2].argv[:3] == (NUMACTL, "--physcpubind=2-3", "--membind=0")
 
@@ -239,7 +243,7 @@ def test_colocate_follows_an_explicit_learner_node(two_unknown_gpu):
 def test_explicit_numa_nodes_win_over_placement(two):
     p = plan(cfg(num_collectors=3, numa_binding="numactl", placement="colocate", numa_nodes=[1, 0, 1]), two)
     assert p.placement == "explicit"
-    assert [(x.node, x.cpus) for x in p.collectors] == [(1, (4, 5)), (0, (0, 1, 2, 3)), (1, (6, 7))]
+    assert [(x.node, x.cpus) for x in p.collectors] == [(1, (4,)), (0, (0, 1, 2, 3)), (1, (5,))]
 
 
 def test_cpus_divided_evenly_first_collectors_get_the_extra(two):
@@ -338,7 +342,8 @@ def test_manual_collectors_are_planned_and_printed_as_start_by_hand(two):
     assert p.manual_collectors == (p.collectors[1],)
     text = format_plan(p)
     assert f"collector 1: start by hand: {p.collectors[1].shell_command}" in text
-    assert p.collectors[1].shell_command.startswith("BLIS_NUM_THREADS=4 MKL_NUM_THREADS=4 ")
+    assert p.collectors[1].shell_command.startswith("BLIS_NUM_THREADS=2 CUDA_DEVICE_ORDER=PCI_BUS_ID "
+                                                    "MKL_NUM_THREADS=2 ")
     assert p.collectors[1].shell_command.endswith(" " + p.collectors[1].command)
     assert "collector 1 (manual)" in text
     assert "collector 1 must be started by hand with the command shown; the launcher waits for it" in text
@@ -357,7 +362,7 @@ def test_format_plan_shows_every_process_and_quoted_commands(tmp_path):
     row = next(line for line in lines if line.strip().startswith("collector 1 "))
     assert row.split() == ["collector", "1", "1", "4-5", "5-9", "(5)", "2", "cpu", "2", "numactl"]
     learner_row = next(line for line in lines if line.strip().startswith("learner "))
-    assert learner_row.split() == ["learner", "1", "6-7", "-", "1", "auto", "2", "numactl"]
+    assert learner_row.split() == ["learner", "1", "6-7", "-", "1", "cuda:0", "2", "numactl"]
     assert ("collector 0: /usr/bin/numactl --physcpubind=0-1 --membind=0 /opt/py/bin/python3 -m "
             "fastsac.collector_main --config 'my job.yaml' --collector-id 0 'run_dir=/tmp/a b'") in text
     assert "node 0: CPUs 0-3" in text and "GPU 0000:41:00.0 on node 1" in text

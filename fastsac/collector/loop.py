@@ -19,7 +19,7 @@ from fastsac.envs.registry import make_env
 from fastsac.errors import FatalError
 from fastsac.machine.learner_plan import machine_env_offset
 from fastsac.process.setup import log
-from fastsac.run.torch_runtime import resolve_device
+from fastsac.run.torch_runtime import open_device
 from fastsac.shm_layout.job_settings import check_against_job
 
 STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
@@ -79,8 +79,8 @@ class Collector:
         numel = policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo)
         self.snapshot = shm.WeightSnapshot.create_or_attach(cfg.job_name, self.cid, numel, job_incarnation)
         self.flat = np.zeros(numel, np.float32)
-        self.device = resolve_device(self.ao.collector_inference_device,
-                                     "trainer.async_options.collector_inference_device")
+        # the plan's concrete device: the GPU of the learner this collector feeds, or the CPU
+        self.device = open_device(me.device, "trainer.async_options.collector_inference_device", cfg.algo.tf32)
         self.policy = InferencePolicy(env.obs_dim, env.act_dim, env.action_low, env.action_high, cfg.algo, self.device)
         # A new incarnation per (re)start: the learner sees the change in the slot headers and drops
         # the dangling last transition of the previous incarnation (it has no successor).

@@ -4,9 +4,9 @@ Each raises ConfigError (exit code 2) naming the key, the value and what would b
   run_dir        not inside /proc or /sys (nor on another kernel pseudo-filesystem), a directory
                  or creatable, writable;
   resume         an explicit checkpoint path exists and is a readable file;
-  devices        a cuda device exists: cheaply from the driver's device nodes, then (only when a
-                 GPU is there and cuda was asked for) confirmed by torch in a subprocess, so a
-                 CPU-only torch build is caught too. The launcher itself never imports torch;
+  devices        every planned cuda device (`auto` on a GPU machine included) exists: cheaply from
+                 the driver's device nodes, then confirmed by torch in a subprocess, so a CPU-only
+                 torch build is exit 2, never a silent CPU run. The launcher never imports torch;
   memory         the whole job (processes, training and eval envs, a CPU learner's replay buffer
                  and networks): fastsac.launch.memory_check;
   shared memory  every ring and weight snapshot of the job (plus its control block) fits the free
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import re
 import socket
@@ -27,6 +28,8 @@ from pathlib import Path
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.config import Config, ConfigError
+from fastsac.machine import devices as dv
+from fastsac.machine.topology import discover_topology
 
 AO = "trainer.async_options"
 # Kernel interfaces that look like directories but store nothing (mkdir fails there, or worse:
@@ -177,53 +180,93 @@ def visible_gpu_count() -> int:
     return min(picked, count)
 
 
-def _torch_cuda_device_count() -> int | None:
-    """torch.cuda.device_count() from a child interpreter (the launcher must not import torch);
-    None when the probe itself fails (then the learner reports the problem)."""
-    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=TORCH_PROBE_TIMEOUT_S, check=True).stdout
-        return int(out.split()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
+_TORCH_PROBE = """
+import json, torch
+ok = torch.cuda.is_available()
+n = torch.cuda.device_count() if ok else 0
+gpus = []
+for i in range(n):
+    free, total = torch.cuda.mem_get_info(i)
+    gpus.append({"name": torch.cuda.get_device_name(i), "free": free, "total": total})
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}))
+"""
+_probed: dict = {}
+
+
+def torch_cuda_probe() -> dict | None:
+    """What torch in this venv makes of the GPUs, from a child interpreter (the launcher must not
+    import torch): {"version", "cuda", "gpus": [{"name", "free", "total"}]}; None when the probe
+    itself fails (then the learner reports the problem). Run at most once per launch."""
+    if "result" not in _probed:
+        try:
+            out = subprocess.run([sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True,
+                                 timeout=TORCH_PROBE_TIMEOUT_S, check=True).stdout
+            _probed["result"] = json.loads(out.strip().splitlines()[-1])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            _probed["result"] = None
+    return _probed["result"]
+
+
+def machine_gpu_count(topo) -> int:
+    """GPUs this process may use: the driver's device nodes on the real machine; on a fake
+    machine (FASTSAC_SYSFS_ROOT) its tree is the whole machine, GPUs included."""
+    return visible_gpu_count() if topo.sysfs_root == "/sys" else len(topo.gpus)
+
+
+def _device_keys(cfg: Config, learner_devices) -> list[tuple[str, str, str]]:
+    """(key, value as configured, planned device) of every device the job asks for."""
+    d = cfg.distributed
+    if not learner_devices:   # the synchronous trainer: no plan, the learner's device alone
+        learner_devices = [dv.learner_device_choices(cfg, discover_topology(), dv.installed_torch())[0].device]
+    if d.learner_devices:
+        out = [(f"distributed.learner_devices[{i}]", v, dev) for i, (v, dev) in
+               enumerate(zip(d.learner_devices, learner_devices))]
+    elif len(learner_devices) > 1:
+        out = [("distributed.num_learners", cfg.device, dev) for dev in learner_devices]
+    else:
+        out = [("device", cfg.device, learner_devices[0])]
+    ci = cfg.trainer.async_options.collector_inference_device
+    if ci.startswith("cuda"):   # 'auto' follows its learner, checked above
+        out.append((f"{AO}.collector_inference_device", ci, ci if ":" in ci else "cuda:0"))
+    return out
 
 
 def check_devices(cfg: Config, learner_devices=()) -> None:
-    """A requested cuda / cuda:N must exist. 'auto' needs no check: it falls back to the CPU.
-
-    learner_devices: the planned device of each learner of a learner group (several learners on
-    this machine): more cuda learners than GPUs is refused, naming distributed.num_learners (or
-    the distributed.learner_devices entry that asks for a missing GPU)."""
-    torch_count: list[int | None] = []   # probed at most once, and only when a GPU is there
-    d = cfg.distributed
-    learners = [(f"distributed.learner_devices[{i}]" if d.learner_devices else "distributed.num_learners", dev)
-                for i, dev in enumerate(learner_devices)] if len(learner_devices) > 1 or d.learner_devices else []
-    for key, value in (("device", cfg.device), (f"{AO}.collector_inference_device",
-                                                cfg.trainer.async_options.collector_inference_device), *learners):
-        if not value.startswith("cuda") or (key == "device" and learners):   # the learners' devices replace it
-            continue
-        index = int(value.partition(":")[2] or 0)
-        have = visible_gpu_count()
+    """Every planned cuda device must exist and torch must be able to use it: `auto` too, which
+    the plan puts on the GPU whenever one is visible (fastsac.machine.devices), so a CPU-only
+    torch (or one built for a newer CUDA than the driver) on a GPU machine is exit 2 naming
+    torch's CUDA, the driver and the command that installs a matching torch, never a silent
+    CPU run. learner_devices: the plan's device of each learner of this machine (empty: the
+    synchronous trainer's, resolved here)."""
+    wanted = [(k, v, dev) for k, v, dev in _device_keys(cfg, list(learner_devices)) if dev.startswith("cuda")]
+    if not wanted:
+        return
+    topo = discover_topology()
+    have, driver = machine_gpu_count(topo), dv.driver_version(topo.sysfs_root)
+    for key, value, dev in wanted:
+        index = dv.cuda_index(dev) or 0
         if have == 0:
             env = os.environ.get("CUDA_VISIBLE_DEVICES")
             why = f"CUDA_VISIBLE_DEVICES={env!r} hides every GPU" if env is not None and _driver_gpu_count() else \
                 "no /dev/nvidia<N>, no /proc/driver/nvidia/gpus"
             raise ConfigError(f"{key}: {value!r} was requested but this machine shows no NVIDIA GPU ({why}); "
                               "use cpu or auto")
-        if not torch_count:
-            torch_count.append(_torch_cuda_device_count())
-        if torch_count[0] == 0:
-            raise ConfigError(f"{key}: {value!r} was requested but torch in this venv sees no CUDA device (a CPU-only "
-                              "torch build? see README, 'Installing torch for a GPU'); use cpu or auto")
-        have = min(have, torch_count[0] or have)
-        if index >= have and key == "distributed.num_learners":
-            raise ConfigError(f"{key}: {d.num_learners} learners on cuda need {d.num_learners} GPUs but this machine "
-                              f"has {have} (cuda:0..cuda:{have - 1}); use at most {have} learners per machine or "
-                              "give distributed.learner_devices")
-        if index >= have:
-            raise ConfigError(f"{key}: {value!r} was requested but this machine has {have} GPU"
-                              f"{'s' if have != 1 else ''} (cuda:0..cuda:{have - 1}); use one of them, cpu or auto")
+        probe = torch_cuda_probe()
+        if probe is not None and not probe["gpus"]:
+            build = dv.TorchBuild(probe["version"], probe["cuda"]).describe()
+            planned = f" → {dev}" if value != dev else ""
+            raise ConfigError(f"{key}: {value!r}{planned} ({have} NVIDIA GPU{'s' if have != 1 else ''} visible, driver "
+                              f"{driver or 'unknown'}) but {build} in this venv cannot use it; install a torch that "
+                              f"can: {dv.install_hint(driver)}; or set {key.split('[')[0]}: cpu")
+        count = min(have, len(probe["gpus"]) if probe else have)
+        if index >= count and key == "distributed.num_learners":
+            raise ConfigError(f"{key}: {cfg.distributed.num_learners} learners on cuda need "
+                              f"{cfg.distributed.num_learners} GPUs but this machine has {count} (cuda:0..cuda:"
+                              f"{count - 1}); use at most {count} learners per machine or give "
+                              "distributed.learner_devices")
+        if index >= count:
+            raise ConfigError(f"{key}: {value!r} was requested but this machine has {count} GPU"
+                              f"{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1}); use one of them, cpu or auto")
 
 
 def check_master_port(cfg: Config) -> None:

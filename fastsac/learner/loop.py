@@ -22,13 +22,14 @@ from fastsac.common.stopping import StopSignal
 from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.learner.eval_link import LearnerEval
 from fastsac.learner.feed import CollectorFeed, FeedFault
+from fastsac.learner.gpu_sync import ChunkTimer, WeightCopy
 from fastsac.learner.staging import IngestStaging
 from fastsac.learner.telemetry import LearnerTelemetry
 from fastsac.process.setup import log
 from fastsac.run import state as run_state
 from fastsac.run.schedule import RunSchedule
 from fastsac.run.thread_tuner import ThreadTuner
-from fastsac.run.torch_runtime import resolve_device
+from fastsac.run.torch_runtime import open_device
 from fastsac.shm_layout.job_settings import check_against_job
 
 ROLE = "learner"
@@ -64,7 +65,9 @@ class Learner:
         self.spec = EnvSpec(probe.obs_dim, probe.critic_obs_dim, probe.act_dim, probe.max_episode_steps)
         low, high = probe.action_low, probe.action_high
         probe.close()
-        self.device = resolve_device(ctx.me.device)
+        # the plan's concrete device, made current before any other CUDA call; logged with torch,
+        # CUDA, driver, GPU name and compute capability
+        self.device = open_device(ctx.me.device, tf32=cfg.algo.tf32, log=lambda m: log(ROLE, m))
         # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
         self.threads = ThreadTuner(torch.get_num_threads(), torch.set_num_threads, log=lambda m: log(ROLE, m)) \
             if self.device.type == "cpu" and torch.get_num_threads() > 1 else None
@@ -86,6 +89,9 @@ class Learner:
                                     numel)
                       for c, first in zip(mine, rows)]
         self.staging = IngestStaging([f.spec for f in self.feeds], self.ao.max_ingest_per_iter, self.device)
+        self.chunk_timer = ChunkTimer(self.device)
+        self.weights = WeightCopy(numel, self.device)
+        self.publish_to: list[CollectorFeed] | None = None   # the feeds of the copy in flight
         cfg.run_path.mkdir(parents=True, exist_ok=True)
         self.telemetry = self.make_telemetry()
         self.telemetry.episode_steps = self.spec.max_episode_steps
@@ -211,9 +217,21 @@ class Learner:
 
     # ------------------------------------------------------------------ weights
     def publish(self, feeds=None) -> None:
-        """Broadcast: flatten + device->host ONCE, then a non-blocking seqlock write per collector."""
-        flat = self.agent.policy_flat().detach().to("cpu", torch.float32).numpy()
-        for feed in feeds if feeds is not None else self.feeds:
+        """Broadcast: flatten + ONE device->host copy into pinned memory (non-blocking on CUDA: the
+        next update is queued behind it), then, once it landed (deliver), a non-blocking seqlock
+        write per collector. A copy still in flight is delivered first."""
+        self.deliver(wait=True)
+        self.weights.start(self.agent.policy_flat())
+        self.publish_to = list(feeds) if feeds is not None else self.feeds
+        self.updates_since_publish = 0
+        self.deliver(wait=not self.weights.cuda)   # on the CPU the copy is done: deliver now
+
+    def deliver(self, wait: bool = False) -> None:
+        """Write the landed weights to every snapshot of the publish (and the evaluator's)."""
+        if self.publish_to is None or not (wait or self.weights.ready()):
+            return
+        flat, feeds, self.publish_to = self.weights.take(), self.publish_to, None
+        for feed in feeds:
             if feed.snapshot is not None:
                 repairs = feed.snapshot.repairs
                 feed.snapshot.publish(flat)
@@ -222,7 +240,6 @@ class Learner:
                               "restored a consistent snapshot")
                     self.ctl.ingest(feed.cid)["snapshot_repairs"] = feed.snapshot.repairs
         self.weight_version += 1
-        self.updates_since_publish = 0
         self.evaluation.on_publish(flat, self.env_steps, self.weight_version)
         self.ctl.learner["weight_version"] = self.weight_version
 
@@ -307,14 +324,13 @@ class Learner:
                 log(ROLE, "compiling the update (torch.compile): state STARTING, no heartbeat until done")
                 self.ctl.learner["state"] = int(shm.ProcState.STARTING)
                 self.compile_t0 = time.perf_counter()
-            t0 = time.perf_counter()
+            token = self.chunk_timer.start()
             self.telemetry.last_train = self.agent.train(self.buffer, chunk)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            spent = time.perf_counter() - t0
-            self.telemetry.learn_time += spent
-            if self.threads is not None:
-                self.threads.record(spent, chunk)
+            spent = self.chunk_timer.end(token, chunk)   # None on CUDA: the GPU's time, collected below
+            if spent is not None:
+                self.telemetry.learn_time += spent
+                if self.threads is not None:
+                    self.threads.record(spent, chunk)
             if self.compile_updates_left > 0:
                 self.compile_updates_left -= chunk
                 if self.compile_updates_left <= 0:
@@ -326,6 +342,7 @@ class Learner:
             if self.updates_since_publish >= self.ao.weight_publish_interval:
                 self.publish()
             self.beat()
+        self.telemetry.learn_time += self.chunk_timer.collect()   # the chunks the GPU finished by now
 
     # ------------------------------------------------------------------ main loop
     def beat(self) -> None:
@@ -370,6 +387,7 @@ class Learner:
             if self.updates_since_publish >= self.ao.weight_publish_interval:
                 self.publish()
         self.update(k)
+        self.deliver()    # the weights of a publish whose copy landed meanwhile
         self.idle(busy=bool(slots or k))
         self.ctl.learner.update(env_steps=self.env_steps, num_updates=self.agent.num_updates_done)
         if time.perf_counter() - self.last_status >= STATUS_INTERVAL_S:
@@ -398,6 +416,8 @@ class Learner:
 
     def finish(self, reason: str) -> int:
         """Final metrics (however short the run), final checkpoint, final state; the exit code."""
+        self.deliver(wait=True)
+        self.telemetry.learn_time += self.chunk_timer.collect(wait=True)
         self.evaluation.finish(self, reason == "finished")
         if self.telemetry.has_news(self.env_steps, self.agent.num_updates_done):
             self.telemetry.log(self.env_steps, self.agent.num_updates_done, self.weight_version)

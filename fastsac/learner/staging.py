@@ -28,6 +28,16 @@ _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.uint8): torch.
                  np.dtype(np.int64): torch.int64}
 
 
+def allocate(nbytes: int, device: torch.device, twin: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(host, device) byte buffers: pinned host memory and (twin) its device twin on CUDA (a copy
+    from pageable memory is staged through a driver buffer and blocks), one buffer on the CPU."""
+    cuda = device.type == "cuda"
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    if not cuda:
+        return host, host
+    return host, torch.empty(nbytes, dtype=torch.uint8, device=device) if twin else None
+
+
 def _align(n: int) -> int:
     return (n + shm.CACHE_LINE - 1) // shm.CACHE_LINE * shm.CACHE_LINE
 
@@ -49,15 +59,19 @@ class IngestStaging:
         # its final rows (dense + finals <= slot_nbytes, plus alignment of the two pieces).
         self.nbytes = max_slots * (max(s.slot_nbytes for s in specs) + 2 * shm.CACHE_LINE)
         self.cuda = device.type == "cuda"
-        self.host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
-        self.dev = torch.empty(self.nbytes, dtype=torch.uint8, device=device) if self.cuda else self.host
+        self.device = device
+        self.host, self.dev = allocate(self.nbytes, device)
         self.host_np = self.host.numpy()
+        # the copy runs on the current stream of the device of self.dev; the event is recorded on
+        # that very stream (not on the current device's: with cuda:N, N >= 1, and no set_device that
+        # would be GPU 0's, and the event would not cover the copy)
         self.copy_done = torch.cuda.Event() if self.cuda else None
         self.used = 0
         self.copies = 0          # host->device copies issued (one per round that staged anything)
 
     def begin(self) -> None:
-        """Start a round: the previous round's device copy must be done before we overwrite."""
+        """Start a round: the previous round's device copy must be done before we overwrite the
+        pinned bytes it reads (the DMA runs after send() returned)."""
         if self.copy_done is not None:
             self.copy_done.synchronize()
         self.used = 0
@@ -88,7 +102,7 @@ class IngestStaging:
         """ONE host->device copy of everything staged this round (non-blocking from pinned memory)."""
         if self.cuda and self.used:
             self.dev[:self.used].copy_(self.host[:self.used], non_blocking=True)
-            self.copy_done.record()
+            self.copy_done.record(torch.cuda.current_stream(self.device))
         if self.used:
             self.copies += 1
 

@@ -12,10 +12,17 @@ leave the learner) and all of them keep identical networks: torch.distributed mo
 
 Engine: torch.distributed itself: rank 0 hosts a TCPStore at master_addr:master_port, the
 process group (NCCL for CUDA learners, gloo for CPU ones) rendezvous through it, and every
-collective is bounded by distributed.timeout_s (the process group's timeout). A liveness beacon
-thread beats a key in the same store every BEAT_INTERVAL_S; when a collective fails, the beats
-name the rank that died (gloo notices a killed peer's closed connection at once, a hung one
-after timeout_s). Only imported when the job has more than one learner.
+collective is bounded by distributed.timeout_s (the process group's timeout). Two planes:
+gradients go over the default group (NCCL on CUDA), everything else (the agent broadcast,
+normalizers, counters, stop flags) over a gloo group of its own on host tensors. NCCL returns
+before a collective completed, so its errors surface late or as a watchdog abort; gloo's fail
+in the call, and the control plane runs once per iteration: a dead peer is a DistributedError
+naming its rank there. A liveness beacon thread beats a key in the same store every
+BEAT_INTERVAL_S; when a collective fails, the beats name the rank that died (gloo notices a
+killed peer's closed connection at once, a hung one after timeout_s). With NCCL the beacon also
+aborts the gradient plane once a peer has been silent for ABORT_AFTER_S: a gradient all-reduce
+that peer never joins would otherwise hold this GPU (and every host wait on it) until the
+watchdog kills the process. Only imported when the job has more than one learner.
 """
 from __future__ import annotations
 
@@ -46,6 +53,10 @@ STALE_AFTER_S = 2.0        # a beat unchanged for this long (4 beats) names its 
 BEACON_STORE_TIMEOUT_S = 5.0  # the beacon's own store client: a dead store fails its ops within this
 READ_WAIT_S = 10.0         # rank 0 keeps the store up this long for the others to read the settings
 CLOSE_WAIT_S = 30.0        # close(): how long a rank waits for the others to reach each shutdown step
+# NCCL: a peer whose beat is unchanged this long is dead, frozen or cut off (its beacon thread beats
+# whatever its main thread does): abort the gradient plane so this rank's GPU work and host are freed
+ABORT_AFTER_S = 10.0
+SETTLE_WAIT_S = 5.0        # settle(): how long the GPU may take to finish the work queued before a failure
 
 
 # The flat all-gather: torch 2.13 renamed all_gather_into_tensor to all_gather_single and warns on
@@ -108,6 +119,7 @@ class _Beacon:
         self.changed = {r: now for r in self.others}
         self.last_ok = now
         self.store_error: str | None = None
+        self.on_silent: Callable[[int], None] | None = None   # called once with a rank silent ABORT_AFTER_S
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, name=f"learner-beacon-{rank}", daemon=True)
         self.thread.start()
@@ -129,6 +141,12 @@ class _Beacon:
                 for r, v in zip(self.others, values):
                     if self.seen.get(r) != v:
                         self.seen[r], self.changed[r] = v, now
+                silent = [r for r, t in self.changed.items() if now - t > ABORT_AFTER_S]
+                hook = self.on_silent if silent else None
+                if hook is not None:
+                    self.on_silent = None
+            if hook is not None:
+                hook(silent[0])
             if self.stop_event.wait(BEAT_INTERVAL_S):
                 return
 
@@ -182,12 +200,16 @@ def _check_same_settings(cfg, store, rank: int, world: int, timeout: datetime.ti
 class LearnerGroup:
     """This learner's membership of the job's learner process group (see the module doc)."""
 
-    def __init__(self, cfg, rank: int, world: int, backend: str, device: torch.device, store, beacon: _Beacon):
+    def __init__(self, cfg, rank: int, world: int, backend: str, device: torch.device, store, beacon: _Beacon,
+                 control=None):
         self.cfg, self.rank, self.world_size, self.backend = cfg, rank, world, backend
         self.is_root = rank == 0
         self.device = torch.device(device)
-        # NCCL reduces tensors on this learner's GPU; gloo on host tensors
+        # gradients: NCCL reduces tensors on this learner's GPU, gloo host tensors; the control
+        # plane (control, a gloo group; None = the default group) always host tensors
         self.comm_device = self.device if backend == "nccl" else torch.device("cpu")
+        self.control = control
+        self._gradients_aborted: str | None = None
         self.where = f"{cfg.distributed.master_addr}:{cfg.distributed.master_port}"
         self._store, self._beacon = store, beacon
         self._broken: str | None = None
@@ -224,11 +246,14 @@ class LearnerGroup:
             raise DistributedError(f"learner rank(s) {who} did not join the learner group at {where} within "
                                    f"distributed.timeout_s={d.timeout_s:g} s") from None
         _check_same_settings(cfg, store, rank, world, timeout)
-        if backend == "nccl":
-            torch.cuda.set_device(device)
+        if device.type == "cuda" and device.index is None:   # the plan gives cuda:K; torch refuses 'cuda' here
+            raise DistributedError(f"learner rank {rank}: device {device} has no index; expected cuda:K")
+        # (this process made its GPU current first thing: fastsac.run.torch_runtime.open_device)
         try:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
                                     device_id=device if backend == "nccl" else None)
+            # the control plane: gloo, whose collectives fail in the call when a peer is gone
+            control = dist.new_group(backend="gloo", timeout=timeout)
         except RuntimeError as exc:
             raise DistributedError(f"learner rank {rank}: init_process_group({backend}) over {where} failed: "
                                    f"{_first_line(exc)}") from None
@@ -238,9 +263,12 @@ class LearnerGroup:
             dist.destroy_process_group()
             raise DistributedError(f"learner rank {rank}: the liveness beacon cannot reach the rendezvous at {where}: "
                                    f"{_first_line(exc)}") from None
-        log(f"learner group: rank {rank} of {world} (node_rank {node_of(cfg, rank)}), backend {backend}, "
-            f"device {device}, rendezvous {where}")
-        return cls(cfg, rank, world, backend, device, store, beacon)
+        log(f"learner group: rank {rank} of {world} (node_rank {node_of(cfg, rank)}), backend {backend} for "
+            f"gradients, gloo for control, device {device}, rendezvous {where}")
+        group = cls(cfg, rank, world, backend, device, store, beacon, control)
+        if backend == "nccl":
+            beacon.on_silent = group.abort_gradients
+        return group
 
     # ------------------------------------------------------------------ failures
     def _who(self, rank: int) -> str:
@@ -292,12 +320,45 @@ class LearnerGroup:
         return t
 
     def _all_gather(self, t: Tensor, what: str) -> Tensor:
-        """[world, *t.shape]: row r is rank r's t."""
-        t = t.to(self.comm_device).contiguous()
-        # the flat [world * numel] output form: gloo accepts only that one, NCCL both
-        out = torch.empty(self.world_size * t.numel(), dtype=t.dtype, device=self.comm_device)
-        self._run(what, lambda: _ALL_GATHER_FLAT(out, t))
+        """[world, *t.shape]: row r is rank r's t (the control plane: host tensors, gloo)."""
+        t = t.to("cpu").contiguous()
+        # the flat [world * numel] output form: gloo accepts only that one
+        out = torch.empty(self.world_size * t.numel(), dtype=t.dtype)
+        self._run(what, lambda: _ALL_GATHER_FLAT(out, t, group=self.control))
         return out.view(self.world_size, *t.shape)
+
+    # ------------------------------------------------------------------ the gradient plane after a failure
+    def abort_gradients(self, silent_rank: int) -> None:
+        """NCCL: a peer went silent (the beacon's thread calls this): abort the gradient plane, so a
+        gradient all-reduce it will never join stops holding this GPU and every host wait on it.
+        The weights after such an all-reduce are not the job's: settle() reports it."""
+        self._abort(f"a gradient all-reduce was cut off: {self._who(silent_rank)} was silent for {ABORT_AFTER_S:g} s")
+
+    def _abort(self, reason: str) -> None:
+        self._gradients_aborted = reason
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except (RuntimeError, AttributeError, ValueError):
+            pass   # nothing left to abort (a group already torn down, or a torch without it)
+
+    def settle(self, wait_s: float = SETTLE_WAIT_S) -> str | None:
+        """After a failure: None when every gradient all-reduce this rank queued completed (so its
+        weights are the job's and a final checkpoint is sound), else why not. gloo's collectives
+        complete in the call; NCCL's may still wait on the GPU for a dead peer: an event after
+        them either completes within wait_s, or the plane is aborted and the weights are not
+        trusted."""
+        if self.backend != "nccl" or self._gradients_aborted:
+            return self._gradients_aborted
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        deadline = time.monotonic() + wait_s
+        while not done.query():
+            if time.monotonic() >= deadline:
+                self._abort(f"the GPU's queued gradient all-reduces did not complete within {wait_s:g} s of "
+                            "the failure")
+                return self._gradients_aborted
+            time.sleep(0.01)
+        return None
 
     # ------------------------------------------------------------------ the agent
     def broadcast_agent(self, agent: "FastSAC") -> None:
@@ -311,13 +372,10 @@ class LearnerGroup:
             size = torch.tensor([payload.numel()], dtype=torch.int64)
         else:
             size = torch.zeros(1, dtype=torch.int64)
-        size = size.to(self.comm_device)
-        self._run("broadcast of rank 0's agent state (size)", lambda: dist.broadcast(size, src=0))
-        if self.is_root:
-            payload = payload.to(self.comm_device)
-        else:
-            payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self.comm_device)
-        self._run("broadcast of rank 0's agent state", lambda: dist.broadcast(payload, src=0))
+        self._run("broadcast of rank 0's agent state (size)", lambda: dist.broadcast(size, src=0, group=self.control))
+        if not self.is_root:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._run("broadcast of rank 0's agent state", lambda: dist.broadcast(payload, src=0, group=self.control))
         if self.is_root:
             return
         state = torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location=agent.device, weights_only=True)

@@ -251,11 +251,18 @@ class GroupLearner(Learner):
         return super().finish(reason)
 
     def fail(self, exc: DistributedError) -> int:
-        """A peer failed: name it, rank 0 keeps what it can (a final checkpoint), exit 1."""
+        """A peer failed: name it, rank 0 keeps what it can (a final checkpoint), exit 1. Not after a
+        gradient all-reduce the failed peer never joined (NCCL, LearnerGroup.settle): the weights
+        after it are not the job's, and the last periodic checkpoint is the sound one."""
         log(ROLE, f"error: the learner group failed: {exc}")
         self.exit_code = 1
         self.ctl.learner["state"] = int(shm.ProcState.STOPPING)
-        self.final_checkpoint("the learner group failed")   # rank 0 only; the exit code is 1 either way
+        unsound = self.group.settle()
+        if unsound is None:
+            self.final_checkpoint("the learner group failed")   # rank 0 only; the exit code is 1 either way
+        elif self.writes_checkpoints:
+            log(ROLE, f"no final checkpoint: {unsound}, so this rank's weights are not the job's; the last "
+                      "periodic checkpoint stands")
         self.ctl.learner["state"] = int(shm.ProcState.FAILED)
         return 1
 

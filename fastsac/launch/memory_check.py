@@ -6,8 +6,8 @@ What the job takes (host memory):
   * the training envs, env.num_envs of them in all, at fastsac.envs.memory's bytes per env (a
     table for the built-in tasks, a probe process for the others);
   * the eval envs (eval.interval > 0): min(eval.num_envs, eval.episodes), the same size;
-  * a learner on the CPU: the replay buffer and the networks (on a GPU they are not counted:
-    its free memory is not known without initialising CUDA).
+  * a learner on the CPU: the replay buffer and the networks (on a GPU they are checked against
+    that GPU's free memory instead: fastsac.launch.gpu_memory).
 What it may use (fastsac.machine.memory): MemAvailable and the cgroup's limit (v2 or v1), and
 for collectors bound with --membind each node's free memory, which their envs must fit alone.
 """
@@ -43,7 +43,10 @@ def network_weights_nbytes_lower_bound(obs_dim: int, critic_obs_dim: int, act_di
     return 4 * 4 * q_net, 4 * policy_flat_numel(obs_dim, act_dim, a)
 
 
-def learner_runs_on_cpu(cfg: Config) -> bool:
+def learner_runs_on_cpu(cfg: Config, plan=None) -> bool:
+    """The plan's learners all train on the CPU (no plan, the synchronous trainer: its device)."""
+    if plan is not None:
+        return all(p.device == "cpu" for p in plan.learners)
     return cfg.device == "cpu" or (cfg.device == "auto" and visible_gpu_count() == 0)
 
 
@@ -65,7 +68,7 @@ def job_parts(cfg: Config, spec, per_env: int | None, plan=None) -> list[Part]:
     """Every part of the job's host memory, the named ones first."""
     a, n = cfg.algo, cfg.env.num_envs
     parts = []
-    if learner_runs_on_cpu(cfg):
+    if learner_runs_on_cpu(cfg, plan):
         replay = replay_buffer_nbytes(n, a.buffer_size, spec.obs_dim, spec.critic_obs_dim, spec.act_dim, a.num_steps)
         critic, actor = network_weights_nbytes_lower_bound(spec.obs_dim, spec.critic_obs_dim, spec.act_dim, a)
         parts += [Part(replay, "replay buffer", f"algo.buffer_size: {a.buffer_size} slots per env: the replay buffer "
@@ -101,6 +104,8 @@ def check_memory(cfg: Config, spec, plan=None) -> None:
         _refuse(cfg, parts, need, avail, per_env, per_env_source, "")
     if plan is not None and per_env is not None and plan.binding != "off":
         check_nodes(cfg, plan, per_env, per_env_source)
+    from fastsac.launch.gpu_memory import check_gpu_memory   # it imports this module (replay_buffer_nbytes)
+    check_gpu_memory(cfg, spec, plan)
 
 
 def _refuse(cfg, parts: list[Part], need: int, avail: tuple[int, str], per_env, per_env_source: str,

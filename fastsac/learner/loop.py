@@ -334,15 +334,29 @@ class Learner:
             if self.compile_updates_left > 0:
                 self.compile_updates_left -= chunk
                 if self.compile_updates_left <= 0:
-                    log(ROLE, f"update compiled in {time.perf_counter() - self.compile_t0:.1f}s")
-                    self.beat()  # fresh beat before RUNNING
-                    self.ctl.learner["state"] = int(shm.ProcState.RUNNING)
+                    self.compiled_or_fell_back()
+            if self.agent.compiled:   # which path the updates ran: train/update_compiled 1, or 0 after a fallback
+                fell_back = getattr(self.agent, "compile_fallback_reason", None) is not None
+                self.telemetry.last_train = {**self.telemetry.last_train, "update_compiled": float(not fell_back)}
             k -= chunk
             self.updates_since_publish += chunk
             if self.updates_since_publish >= self.ao.weight_publish_interval:
                 self.publish()
             self.beat()
         self.telemetry.learn_time += self.chunk_timer.collect()   # the chunks the GPU finished by now
+
+    def compiled_or_fell_back(self) -> None:
+        """The first updates ran: say (loudly) whether torch.compile's path or eager runs from here;
+        the agent sets compile_fallback_reason when compiling failed anywhere in the first step."""
+        reason = getattr(self.agent, "compile_fallback_reason", None)
+        took = time.perf_counter() - self.compile_t0
+        if reason is None:
+            log(ROLE, f"update compiled in {took:.1f}s")
+        else:
+            log(ROLE, f"warning: torch.compile failed after {took:.1f}s, the update runs EAGER (train/update_compiled "
+                      f"0): {reason}")
+        self.beat()  # fresh beat before RUNNING
+        self.ctl.learner["state"] = int(shm.ProcState.RUNNING)
 
     # ------------------------------------------------------------------ main loop
     def beat(self) -> None:

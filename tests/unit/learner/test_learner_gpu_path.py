@@ -65,7 +65,7 @@ def _learner(device):
         s.publish = lambda flat, s=s: s.published.append(flat.copy())
     trained = []
     lr.agent = SimpleNamespace(train=lambda buf, n: trained.append(n) or {}, policy_flat=lambda: torch.full(
-        (4,), float(len(trained))), num_updates_done=0)
+        (4,), float(len(trained))), num_updates_done=0, compiled=False)
     lr.ao = SimpleNamespace(weight_publish_interval=2)
     lr.buffer, lr.device, lr.threads = None, device, None
     lr.updates_since_publish, lr.compile_updates_left, lr.weight_version, lr.env_steps = 0, 0, 0, 0
@@ -96,3 +96,23 @@ def test_publish_on_the_cpu_is_delivered_at_once():
     lr.update(2)
     assert [p.tolist() for p in snaps[1].published] == [[1.0] * 4] and lr.weight_version == 1
     assert lr.telemetry.learn_time > 0.0
+
+
+@pytest.mark.parametrize("reason", [None, "BackendCompilerFailed: inductor: no Triton for this GPU"])
+def test_the_update_path_that_ran_is_logged_and_a_scalar(cuda, reason, capsys):
+    """torch.compile falling back to eager anywhere in the first step is loud: a console line and
+    train/update_compiled 0 (the agent says why in compile_fallback_reason)."""
+    from fastsac import shm_layout as shm
+    lr, _, _ = _learner(GPU1)
+    lr.agent.compiled, lr.agent.compile_fallback_reason = True, reason
+    lr.compile_updates_left, lr.compile_t0 = 2, 0.0
+    lr.ctl.learner["state"] = int(shm.ProcState.RUNNING)
+    lr.update(2)
+    out = capsys.readouterr().out
+    assert lr.ctl.learner["state"] == int(shm.ProcState.RUNNING)
+    assert lr.telemetry.last_train["update_compiled"] == (1.0 if reason is None else 0.0)
+    if reason is None:
+        assert "update compiled in" in out and "EAGER" not in out
+    else:
+        assert "warning: torch.compile failed after" in out and f"the update runs EAGER (train/update_compiled 0): " \
+               f"{reason}" in out

@@ -317,7 +317,8 @@ def _learner_reserve(cfg: Config, topo: Topology, learner_nodes: list, devices: 
     """CPUs to keep for the CUDA learners of each node when its collectors would take them all
     (cpus_per_collector 0): the learner is the one thread launching the update's kernels, and on
     a CPU shared with a collector every launch waits behind physics. learner_cpus per CUDA
-    learner, at most what leaves each collector there one CPU."""
+    learner, plus eval.cpus on the node of learner 0 when the job's evaluator runs there (it
+    takes them from the learner's CPUs), at most what leaves each collector there one CPU."""
     want = cfg.trainer.async_options.learner_cpus
     if not want or cfg.trainer.async_options.cpus_per_collector:
         return {}
@@ -327,11 +328,13 @@ def _learner_reserve(cfg: Config, topo: Topology, learner_nodes: list, devices: 
         if not k:
             continue   # no collector there: the learner has the node's CPUs anyway
         cuda_here = sum(1 for ln, dev in zip(learner_nodes, devices) if ln == nid and dev != "cpu")
+        evaluator = cfg.eval.cpus if nid == learner_nodes[0] and _has_evaluator(cfg) else 0
         have = len(topo.node(nid).core_ordered_cpus)
-        out[nid] = min(want * cuda_here, max(0, have - k))
-        if out[nid] < want * cuda_here:
-            notes.append(f"node {nid}: {_AO}.learner_cpus={want} for {cuda_here} CUDA learner(s) would leave its "
-                         f"{k} collector(s) no CPU; the learner keeps {out[nid]}")
+        out[nid] = min(want * cuda_here + evaluator, max(0, have - k))
+        if out[nid] < want * cuda_here + evaluator:
+            notes.append(f"node {nid}: {_AO}.learner_cpus={want} for {cuda_here} CUDA learner(s)"
+                         f"{f' and eval.cpus={evaluator}' if evaluator else ''} would leave its {k} collector(s) "
+                         f"no CPU; the learner keeps {out[nid]}")
     return out
 
 
@@ -416,8 +419,7 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     notes[:] = list(dict.fromkeys(notes))   # several learners on one node would repeat its notes
     owner = lp.assign_collectors(cfg, learner_nodes, nodes)
     # a job's evaluator runs next to learner rank 0 (rank 0 logs its results); other machines plan none
-    evaluator_cpus, learner_cpu_sets[0] = _evaluator_cpus(cfg, method, tuple(learner_cpu_sets[0]), notes) \
-        if cfg.distributed.node_rank == 0 else (None, learner_cpu_sets[0])
+    evaluator_cpus, learner_cpu_sets[0] = _evaluator_cpus(cfg, method, tuple(learner_cpu_sets[0]), notes)
 
     def argv_for(module: str, node: int | None, cpus: tuple[int, ...], extra: list[str]) -> tuple[str, ...]:
         prefix: list[str] = []
@@ -545,11 +547,16 @@ def _learners_cpus(topo: Topology, learner_nodes: list, nodes: list, slices: lis
     return out
 
 
+def _has_evaluator(cfg: Config) -> bool:
+    """This machine runs the job's evaluator: async, eval.interval > 0, next to learner rank 0."""
+    return cfg.eval.interval > 0 and cfg.trainer.asynchronous and cfg.distributed.node_rank == 0
+
+
 def _evaluator_cpus(cfg: Config, method: str, learner_cpus: tuple[int, ...], notes: list[str]):
     """(the evaluator's CPUs or None without one, the learner's CPUs after that). Bound: the last
     eval.cpus of the learner's CPUs, which the learner gives up while it keeps at least one;
     otherwise it shares them (a note). Binding off: every allowed CPU, like every process."""
-    if cfg.eval.interval <= 0 or not cfg.trainer.asynchronous:
+    if not _has_evaluator(cfg):
         return None, learner_cpus
     k = cfg.eval.cpus
     if method == "off":

@@ -36,6 +36,7 @@ def format_plan(plan: JobPlan) -> str:
     lines.append("devices:")
     lines += [f"  {(p.name + ':').ljust(max(len(q.name) for q in plan.processes) + 1)} {p.device} ({p.device_reason})"
               for p in plan.processes]
+    lines.append("")
     lines.append("commands:")
     label_w = max(len(p.name) for p in plan.processes) + 1
     for p in plan.processes:

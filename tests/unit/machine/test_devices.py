@@ -124,6 +124,11 @@ def test_a_cuda_learner_keeps_cpus_of_its_own_on_the_gpus_node(gpus2):
     assert one.learner.cpus == (3,) and one.collectors[0].cpus == (0, 1, 2)
     cpu = gpu_plan(cfg(num_collectors=2, device="cpu"), gpus2)   # a CPU learner: as before
     assert cpu.collectors[0].cpus == (0, 1, 2, 3)
+    c = cfg(num_collectors=2)
+    c.eval.interval = 5          # the evaluator's CPU comes out of the collectors' too, not the learner's two
+    e = gpu_plan(c, gpus2)
+    assert e.learner.cpus == (1, 2) and e.learner.threads == 2 and e.evaluator.cpus == (3,)
+    assert e.collectors[0].cpus == (0,)
 
 
 def test_installed_torch_and_driver_are_read_without_importing_torch(tmp_path, monkeypatch):

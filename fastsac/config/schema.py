@@ -114,7 +114,8 @@ class AsyncOptions:
     utd_mode: Literal["strict", "learner_bound"] = _f("strict")
     weight_publish_interval: int = _f(8, min=1, help="publish actor weights every N updates")
     weight_poll_interval: int = _f(8, min=1, help="collectors poll their snapshot every N env steps")
-    collector_inference_device: str = _f("auto", help="auto | cpu | cuda | cuda:N")
+    collector_inference_device: str = _f("auto", help="auto = the GPU of the learner it feeds, cpu when that learner "
+                                                       "trains on the CPU | cpu | cuda | cuda:N")
     numa_binding: Literal["off", "auto", "numactl", "inprocess"] = _f(
         "auto", help="auto = bind when it pays: several collectors on a machine with several NUMA nodes, or a "
                      "placement key below is set; one collector or one node stays unbound")
@@ -205,7 +206,8 @@ class Config:
     job_name: str = _f("fastsac", help="names the shared-memory segments: [A-Za-z0-9_-], at most 32 characters")
     run_dir: str = _f("", help="TensorBoard logs, checkpoints and process logs; '' = runs/<job_name>")
     seed: int = _f(1, min=0, max=SEED_MAX, help="every seed of the job derives from it (collector i: seed + i)")
-    device: str = _f("auto", help="learner device: auto | cpu | cuda | cuda:N")
+    device: str = _f("auto", help="learner device: auto = cuda:0 when a GPU is visible (exit 2 if torch cannot use "
+                                  "it), else cpu | cpu | cuda | cuda:N")
     resume: str = _f("", help="'' = fresh start, 'auto' = newest valid checkpoint in run_dir, or a .pt path")
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)

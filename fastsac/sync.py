@@ -29,7 +29,7 @@ from fastsac.run.torch_runtime import configure_torch, resolve_device
 
 
 def train_sync(cfg: Config) -> int:
-    run_state.check_fresh_run_dir(cfg.run_path, cfg.resume)  # before anything is created
+    run_state.check_run_dir_lineage(cfg.run_path, cfg.resume)  # one run per run_dir: before anything is created
     # SIGTERM/SIGINT/SIGHUP (stopping.STOP_SIGNALS, as the async launcher): finish the iteration, final
     # checkpoint, exit 0. Installed before torch and the envs run, so a stop while they build (C++
     # that calls Python) is recorded, never raised
@@ -45,12 +45,17 @@ def train_sync(cfg: Config) -> int:
     spec = EnvSpec(env.obs_dim, env.critic_obs_dim, env.act_dim, env.max_episode_steps)
     agent, buffer = run_state.build_agent(cfg, spec, env.action_low, env.action_high, device)
     env_steps = run_state.restore(cfg, spec, agent)
+    schedule = RunSchedule(cfg.checkpoint.interval, n, cfg.trainer.num_iterations * n, env_steps)
+    if done := schedule.nothing_left(env_steps):   # a finished run resumed: no copy of its final checkpoint
+        print(f"fastsac sync: {done}", flush=True)
+        env.close()
+        return 0
     start_it = env_steps // n
     obs, critic_obs = env.reset(reset_seed(cfg.seed, start_env_steps=env_steps))
     rng = np.random.default_rng(sync_action_seed(cfg.seed, start_it))
     cfg.run_path.mkdir(parents=True, exist_ok=True)
     telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n,
-                          episode_steps=spec.max_episode_steps)
+                          episode_steps=spec.max_episode_steps, lineage=run_state.lineage(cfg))
     log = telemetry.metrics
     # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
     threads = ThreadTuner(torch.get_num_threads(), torch.set_num_threads, log=log.line) \
@@ -59,7 +64,6 @@ def train_sync(cfg: Config) -> int:
     # eval.*: deterministic episodes on separate envs, inline (the sync trainer has no other process)
     evaluator = InlineEvaluator(cfg, lambda o: agent.act(torch.as_tensor(o).to(device), deterministic=True).cpu()
                                 .numpy(), env_steps)
-    schedule = RunSchedule(cfg.checkpoint.interval, n, cfg.trainer.num_iterations * n, env_steps)
     rows = slice(0, n)
     stepping = env.describe_stepping()
     log.line(f"fastsac sync: {cfg.env.name} x{n} envs{f' ({stepping})' if stepping else ''} on {device}, "

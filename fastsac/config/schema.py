@@ -38,6 +38,14 @@ INT64_MAX = 2**63 - 1
 # go to numpy SeedSequence (non-negative ints) and torch.manual_seed (at most 2**64 - 1); a
 # 32-bit seed leaves that arithmetic room for any run and is the range most tools accept.
 SEED_MAX = 2**32 - 1
+# Sizes: far above any machine's (the memory checks refuse what does not fit long before), low
+# enough that no product of them (batch x width x atoms, envs x slots x dims) overflows an int64
+# storage size: algo.batch_size=2**62 passed every check and killed the learner at its first update.
+MAX_BATCH = 2**24        # transitions per update (the reference uses 8,192)
+MAX_WIDTH = 2**16        # hidden units of a layer, C51 atoms
+MAX_ENVS = 2**32         # parallel envs of a job (training or eval)
+MAX_SLOTS = 2**40        # replay slots per env
+MAX_LAYERS = 64          # hidden layers of a network
 # A process is declared hung after heartbeat_timeout_s without a beat. One healthy beat interval
 # can reach ~1 s (one reference-size update on a CPU learner, one step of 4096 Humanoid envs on
 # one core), so anything below twice that kills healthy processes.
@@ -60,21 +68,21 @@ def _f(default: Any = dataclasses.MISSING, *, help: str = "", min: float | None 
 @dataclass
 class EnvConfig:
     name: str = _f("pendulum", help="task name: a built-in env (see fastsac.envs.registry), gymnasium:<id>, envpool:<task id> or package.module:Class")
-    num_envs: int = _f(4096, min=1, help="total parallel envs, split across collectors")
+    num_envs: int = _f(4096, min=1, max=MAX_ENVS, help="total parallel envs, split across collectors")
     max_episode_steps: int = _f(0, min=0, help="episode length before truncation; 0 = the task's default")
 
 
 @dataclass
 class AlgoConfig:
     """FastSAC hyper-parameters. Defaults are the GPU reference values (holosoma / MotrixLab)."""
-    actor_hidden_dim: int = _f(512, min=1)
-    critic_hidden_dim: int = _f(768, min=1)
-    actor_num_layers: int = _f(3, min=1, help="hidden layers of the actor MLP")
-    critic_num_layers: int = _f(3, min=1, help="hidden layers of each critic MLP")
+    actor_hidden_dim: int = _f(512, min=1, max=MAX_WIDTH)
+    critic_hidden_dim: int = _f(768, min=1, max=MAX_WIDTH)
+    actor_num_layers: int = _f(3, min=1, max=MAX_LAYERS, help="hidden layers of the actor MLP")
+    critic_num_layers: int = _f(3, min=1, max=MAX_LAYERS, help="hidden layers of each critic MLP")
     trunk_shape: Literal["tapered", "uniform"] = _f(
         "tapered", help="hidden layer widths: tapered = hidden, hidden/2, hidden/4, ... (the reference FastSAC's); "
                         "uniform = every layer hidden wide")
-    num_atoms: int = _f(101, min=2, help="C51 support size")
+    num_atoms: int = _f(101, min=2, max=MAX_WIDTH, help="C51 support size")
     v_min: float = _f(-20.0)
     v_max: float = _f(20.0)
     critic_init: Literal["uniform", "zero_return"] = _f(
@@ -82,11 +90,11 @@ class AlgoConfig:
                         "initial Q (v_min + v_max) / 2 (the reference's); zero_return = a narrow bump at return 0")
     gamma: float = _f(0.97, min=0.0, max=1.0)
     tau: float = _f(0.125, min=0.0, max=1.0, min_exclusive=True, help="target network soft-update rate")
-    batch_size: int = _f(8192, min=1)
+    batch_size: int = _f(8192, min=1, max=MAX_BATCH)
     num_updates: int = _f(8, min=0, help="gradient updates per env-step batch; 0 = collect only")
     policy_frequency: int = _f(4, min=1, help="actor update every N critic updates (alpha steps with every critic update)")
     num_steps: int = _f(1, min=1, help="n-step return horizon")
-    buffer_size: int = _f(1024, min=2, help="replay slots per env (one circular row per env)")
+    buffer_size: int = _f(1024, min=2, max=MAX_SLOTS, help="replay slots per env (one circular row per env)")
     learning_starts: int = _f(10, min=0, help="env-step batches of random actions before the policy acts and updates start")
     actor_lr: float = _f(3e-4, min=0.0, min_exclusive=True)
     critic_lr: float = _f(3e-4, min=0.0, min_exclusive=True)
@@ -176,7 +184,7 @@ class EvalConfig:
     """Deterministic evaluation during training (fastsac.run.eval_episodes): off unless interval > 0."""
     interval: int = _f(0, min=0, help="evaluate every N iterations (env-step batches); 0 = off")
     episodes: int = _f(16, min=1, help="episodes per evaluation (the mean/min/max are over these)")
-    num_envs: int = _f(16, min=1, help="eval envs stepped together; the episodes are split over them")
+    num_envs: int = _f(16, min=1, max=MAX_ENVS, help="eval envs stepped together; the episodes are split over them")
     seed: int = _f(-1, min=-1, max=SEED_MAX,
                    help="eval env seed; -1 = derived from seed, never one a training env uses")
     cpus: int = _f(1, min=1, help="async trainer: CPUs of the evaluator process, taken from the learner's node")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 from fastsac import shm_layout as shm
@@ -26,8 +27,9 @@ from fastsac.launch.status import main as status_main
 from fastsac.launch.supervisor import Supervisor, run_numa_check
 from fastsac.machine.plan import plan_job
 from fastsac.machine.plan_output import format_plan, plan_to_json
-from fastsac.machine.topology import discover_topology
-from fastsac.run.checkpoint import CheckpointError, check_fresh_run_dir  # torch-free
+from fastsac.machine.topology import discover_topology, format_cpulist
+from fastsac.run.checkpoint import CheckpointError  # torch-free
+from fastsac.run.run_dir import check_run_dir_lineage  # torch-free
 from fastsac.run.run_dir_lock import RunDirLock
 from fastsac.shm_layout import job_is_alive
 from fastsac.shm_layout.job_settings import job_settings
@@ -81,17 +83,36 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool, trains: 
     preflight.check_run_dir(cfg)
     preflight.check_resume(cfg)
     preflight.check_extras(cfg)
-    # A fresh run never mixes with another run's checkpoints; --plan and --check-numa train
-    # nothing and write no checkpoint, so an earlier run's files are no reason to refuse them.
+    # One run per run_dir (fastsac.run.run_dir); --plan and --check-numa train nothing and write no
+    # checkpoint, so an earlier run's files are no reason to refuse them (--plan names them).
     # (A second launch of a running job is told exactly that, later.)
-    if trains and not job_is_alive(cfg.job_name):
-        RunDirLock.check_free(cfg.run_path)     # another job's run_dir: named before anything else about it
-        check_fresh_run_dir(cfg.run_path, cfg.resume)
+    if trains and not job_is_alive(cfg.job_name) and (refusals := launch_refusals(cfg)):
+        raise ConfigError(refusals[0])
     preflight.check_devices(cfg, [p.device for p in plan.learners] if plan is not None else ())
     preflight.check_master_port(cfg)
     memory_check.check_memory(cfg, spec, plan)
     if uses_segments:
         preflight.check_shared_memory(cfg, plan, spec)
+
+
+def already_running(job: str) -> str:
+    return (f"job {job!r} is already running (another launcher holds {shm.ctl_name(job)}); stop it first or choose "
+            "another job_name")
+
+
+def launch_refusals(cfg: Config) -> list[str]:
+    """Why a launch of cfg would be refused now (exit 2) by what is already there: a running job of
+    its job_name, another job holding its run_dir (named before anything else about it), or
+    another run's output in the run_dir. A launch stops at the first; --plan, which trains
+    nothing, prints them after the plan."""
+    if job_is_alive(cfg.job_name):
+        return [already_running(cfg.job_name)]
+    try:
+        RunDirLock.check_free(cfg.run_path)
+        check_run_dir_lineage(cfg.run_path, cfg.resume)
+    except ConfigError as exc:
+        return [str(exc)]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         check_before_spawn(cfg, plan, spec, uses_segments=cfg.trainer.asynchronous or args.check_numa,
                            trains=not (args.plan or args.check_numa))
         if args.plan:
-            return print_plan(plan, args.json)
+            code = print_plan(plan, args.json) if cfg.trainer.asynchronous else print_sync_plan(cfg, plan, args)
+            for reason in launch_refusals(cfg):   # the plan stands (exit 0); starting it now would not
+                print(f"fastsac-launch: note: a launch of this job now would be refused (exit 2): {reason}",
+                      file=sys.stderr)
+            return code
     except ConfigError as exc:
         print(f"fastsac-launch: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -154,11 +179,33 @@ def print_plan(plan, as_json: bool) -> int:
     return EXIT_OK
 
 
+@quiet_broken_pipe
+def print_sync_plan(cfg: Config, plan, args) -> int:
+    """--plan of the synchronous trainer: the one process it is (the launcher itself steps the envs
+    and trains, on every CPU it may use), not the async layout of collectors and a learner."""
+    cpus = plan.topology.allowed_cpus
+    command = shlex.join([sys.executable, "-m", "fastsac.launcher", os.path.abspath(args.config), *args.overrides])
+    me = {"role": "trainer", "process": "the launcher itself", "cpus": format_cpulist(cpus),
+          "envs": f"0-{cfg.env.num_envs - 1} ({cfg.env.num_envs})", "seed": cfg.seed,
+          "device": plan.learners[0].device, "threads": len(cpus), "binding": "off", "command": command,
+          "eval": f"inline, every {cfg.eval.interval} iterations" if cfg.eval.interval > 0 else "off"}
+    if args.json:
+        print(json.dumps({"trainer": "synchronous", "processes": [me], "segments": [],
+                          "topology": plan_to_json(plan)["topology"]}, indent=2))
+        return EXIT_OK
+    print(f"job plan: the synchronous trainer (trainer.asynchronous: false): one process, the launcher itself; "
+          f"no learner, collector or evaluator processes, no shared-memory segments\n\n"
+          f"  process  CPUs  envs  seed  device  threads\n"
+          f"  trainer  {me['cpus']}  {me['envs']}  {me['seed']}  {me['device']}  {me['threads']}  "
+          f"(stepping and updates alternate on every allowed CPU)\n"
+          f"  evaluation: {me['eval']}\n\ncommand:\n  {command}")
+    return EXIT_OK
+
+
 def run_async(cfg: Config, plan, check_numa: bool = False) -> int:
     job = cfg.job_name
     if shm.job_is_alive(job):
-        print(f"fastsac-launch: job {job!r} is already running (another launcher holds "
-              f"{shm.ctl_name(job)}); stop it first or choose another job_name", file=sys.stderr)
+        print(f"fastsac-launch: {already_running(job)}", file=sys.stderr)
         return EXIT_USAGE
     try:
         # the check trains nothing: it takes no run_dir lock (it only writes its reports to logs/)

@@ -6,8 +6,8 @@ What the job takes (host memory):
   * the training envs, env.num_envs of them in all, at fastsac.envs.memory's bytes per env (a
     table for the built-in tasks, a probe process for the others);
   * the eval envs (eval.interval > 0): min(eval.num_envs, eval.episodes), the same size;
-  * a learner on the CPU: the replay buffer and the networks (on a GPU they are checked against
-    that GPU's free memory instead: fastsac.launch.gpu_memory).
+  * a learner on the CPU: the replay buffer, the networks and one update's working set (on a GPU
+    they are checked against that GPU's free memory instead: fastsac.launch.gpu_memory).
 What it may use (fastsac.machine.memory): MemAvailable and the cgroup's limit (v2 or v1), and
 for collectors bound with --membind each node's free memory, which their envs must fit alone.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastsac.algo.policy_layout import critic_widths, policy_flat_numel
+from fastsac.algo.policy_layout import actor_widths, critic_widths, policy_flat_numel
 from fastsac.config import Config, ConfigError
 from fastsac.envs.memory import PROCESS_BASE_BYTES, bytes_per_env
 from fastsac.launch.preflight import gib, visible_gpu_count
@@ -41,6 +41,17 @@ def network_weights_nbytes_lower_bound(obs_dim: int, critic_obs_dim: int, act_di
     ins = [(critic_obs_dim or obs_dim) + act_dim, *widths]
     q_net = sum(i * o for i, o in zip(ins, [*widths, a.num_atoms]))
     return 4 * 4 * q_net, 4 * policy_flat_numel(obs_dim, act_dim, a)
+
+
+def update_working_set_nbytes_lower_bound(obs_dim: int, critic_obs_dim: int, act_dim: int, a) -> int:
+    """Bytes one update holds at least besides the weights: the sampled batch (observations and
+    next observations, actions, rewards), every hidden layer's activation and its gradient for
+    the twin critics (online and target) and the actor, and the C51 distributions and their
+    projection (float32, plus its int64 indices), all batch_size rows."""
+    batch = a.batch_size * (2 * (obs_dim + critic_obs_dim) + act_dim + 2)
+    layers = a.batch_size * 2 * (2 * 2 * sum(critic_widths(a)) + sum(actor_widths(a)))
+    atoms = a.batch_size * 2 * a.num_atoms * (4 + 2)   # logits, probs, target, support; indices (2 x 4 bytes)
+    return 4 * (batch + layers + atoms)
 
 
 def learner_runs_on_cpu(cfg: Config, plan=None) -> bool:
@@ -77,7 +88,11 @@ def job_parts(cfg: Config, spec, per_env: int | None, plan=None) -> list[Part]:
                                                    "and their targets", "shrink the critics (algo.critic_hidden_dim, "
                                                                          "algo.critic_num_layers, algo.num_atoms)"),
                   Part(actor, "actor at least", f"algo.actor_hidden_dim: {a.actor_hidden_dim}: the actor",
-                       "shrink the actor (algo.actor_hidden_dim, algo.actor_num_layers)")]
+                       "shrink the actor (algo.actor_hidden_dim, algo.actor_num_layers)"),
+                  Part(update_working_set_nbytes_lower_bound(spec.obs_dim, spec.critic_obs_dim, spec.act_dim, a),
+                       "one update at least", f"algo.batch_size: {a.batch_size} transitions per update: one update's "
+                                              "working set (batch x network widths x atoms)",
+                       "lower algo.batch_size (or the network widths, algo.num_atoms)")]
     if per_env is not None:
         parts.append(Part(n * per_env, f"{n} training envs", f"env.num_envs: {n} envs of {cfg.env.name!r}", "env"))
         k = eval_env_count(cfg)

@@ -18,16 +18,19 @@ from __future__ import annotations
 import errno
 import importlib.util
 import json
+import netrc
 import os
 import re
 import socket
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.config import Config, ConfigError
+from fastsac.run.run_dir import resolved
 from fastsac.machine import devices as dv
 from fastsac.machine.topology import discover_topology
 
@@ -81,7 +84,9 @@ def _nearest_existing(path: str) -> str:
 def check_path_fits(key: str, value: str, headroom: int = 0) -> None:
     """A path the filesystem can name: no component longer than its NAME_MAX, the whole (plus
     `headroom`, the longest name the run adds below it) within PATH_MAX. Without this check
-    the first stat() of it fails with ENAMETOOLONG, as a traceback."""
+    the first stat() of it fails with ENAMETOOLONG, as a traceback. A symbolic link loop (ELOOP)
+    is refused by name here too, before anything looks at the path."""
+    resolved(key, value)
     base = _nearest_existing(os.path.abspath(value))
     name_max, path_max = os.pathconf(base, "PC_NAME_MAX"), os.pathconf(base, "PC_PATH_MAX")
     for part in Path(value).parts:
@@ -123,11 +128,34 @@ def check_run_dir(cfg: Config) -> None:
 # --------------------------------------------------------------------------- optional extras
 
 def check_extras(cfg: Config) -> None:
-    """A feature the config turns on whose optional extra is not installed: exit 2 now, not a
-    learner that fails after the job started."""
+    """A feature the config turns on whose optional extra is not installed, or W&B online without
+    credentials: exit 2 now, not a learner that fails after the job started."""
     if cfg.logging.wandb.enabled and importlib.util.find_spec("wandb") is None:
         raise ConfigError("logging.wandb.enabled: true needs Weights & Biases, which is not installed; install it "
                           "with pip install 'fastsac[wandb]', or set logging.wandb.enabled=false")
+    if cfg.logging.wandb.enabled and (why := missing_wandb_credentials(cfg.logging.wandb.mode)):
+        raise ConfigError(f"logging.wandb.mode: 'online' needs W&B credentials, and {why}; run `wandb login` (or set "
+                          "WANDB_API_KEY) as the job's user, or set logging.wandb.mode=offline (or "
+                          "logging.wandb.enabled=false)")
+
+
+WANDB_OFFLINE_MODES = ("offline", "dryrun", "disabled")   # WANDB_MODE values that never contact a server
+
+
+def missing_wandb_credentials(mode: str) -> str | None:
+    """Why an online W&B run would fail to log in (None: it has what wandb.init reads: WANDB_API_KEY,
+    or the server's entry in ~/.netrc that `wandb login` writes), without importing wandb."""
+    if mode != "online" or os.environ.get("WANDB_MODE", "").lower() in WANDB_OFFLINE_MODES \
+            or os.environ.get("WANDB_API_KEY"):
+        return None
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or ""
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        if netrc.netrc(path).authenticators(host):
+            return None
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return f"this user has none (no WANDB_API_KEY, WANDB_MODE is not offline, no {host} entry in {path})"
 
 
 # --------------------------------------------------------------------------- resume

@@ -31,6 +31,7 @@ from fastsac.machine.plan_output import plan_to_json
 from fastsac.machine.topology import format_cpulist
 from fastsac.process.setup import ALLOWED_CPUS_ENV
 from fastsac.run.numa_check import read_report, report_dir, report_path
+from fastsac.run.run_dir import LOGS_DIR
 
 POLL_S = 0.1
 RSS_SAMPLE_S = 1.0   # how often a running collector's resident memory is read (for an OOM report)
@@ -66,7 +67,7 @@ class Supervisor:
     def __init__(self, cfg, plan, ctl: "shm.ControlBlock"):
         self.cfg, self.plan, self.ctl = cfg, plan, ctl
         self.ao = cfg.trainer.async_options
-        self.log_dir = cfg.run_path / "logs"
+        self.log_dir = cfg.run_path / LOGS_DIR
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # learner.log for the one-learner job; learner<i>.log when this machine runs several
         self.learners = [Child(p.name, p, self.log_dir / (f"learner{p.learner_index}.log" if p.several

@@ -37,6 +37,7 @@ from fastsac.learner.loop import ATTACH_RETRY_S, Learner, StartState
 from fastsac.learner.telemetry import LearnerTelemetry
 from fastsac.machine.ranks import node_of
 from fastsac.process.setup import log
+from fastsac.run import state as run_state
 
 ROLE = "learner"
 
@@ -46,11 +47,11 @@ class GroupTelemetry(LearnerTelemetry):
     TensorBoard and no console line, only their status record. perf/learn_pct_rank<r>: each
     rank's share of the window's wall time spent in updates."""
 
-    def __init__(self, learner: "GroupLearner", cfg, *args):
+    def __init__(self, learner: "GroupLearner", cfg, *args, **kwargs):
         self.learner = learner
         self.learn_closed = 0.0
         self._job_prev: dict = {}
-        super().__init__(cfg, *args)
+        super().__init__(cfg, *args, **kwargs)
 
     def start(self, env_steps: int) -> None:
         super().start(env_steps)
@@ -128,7 +129,7 @@ class GroupLearner(Learner):
         view.logging.tensorboard = view.logging.tensorboard and self.group.is_root
         view.logging.console = view.logging.console and self.group.is_root
         return GroupTelemetry(self, view, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
-                              self.total_env_steps)
+                              self.total_env_steps, lineage=run_state.lineage(self.cfg))
 
     # ------------------------------------------------------------------ lockstep
     def stop_reason(self, stop: StopSignal) -> str | None:

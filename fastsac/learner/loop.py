@@ -126,7 +126,7 @@ class Learner:
 
     def make_telemetry(self) -> LearnerTelemetry:
         return LearnerTelemetry(self.cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
-                                self.total_env_steps)
+                                self.total_env_steps, lineage=run_state.lineage(self.cfg))
 
     def count(self, slots: int, transitions: int) -> int:
         """The transitions this iteration adds to the job's env steps (a group: all ranks')."""
@@ -375,6 +375,10 @@ class Learner:
 
     def run(self, stop: StopSignal) -> int:
         """Hold until every collector attached, then iterate until the budget or a stop; finish."""
+        if done := self.schedule.nothing_left(self.env_steps):   # a finished run resumed: write nothing
+            log(ROLE, done)
+            self.ctl.learner["state"] = int(shm.ProcState.FINISHED)
+            return 0
         reason = self.wait_for_collectors(stop)
         self.telemetry.start(self.env_steps)
         while reason is None and not self.schedule.finished(self.env_steps):

@@ -18,7 +18,8 @@ SNAPSHOT_STUCK_REPORT_S = 5.0   # a collector's snapshot unreadable this long is
 
 
 class LearnerTelemetry(Telemetry):
-    def __init__(self, cfg, ctl: "shm.ControlBlock", feeds, env_steps: int, num_updates: int, total_env_steps: int):
+    def __init__(self, cfg, ctl: "shm.ControlBlock", feeds, env_steps: int, num_updates: int, total_env_steps: int,
+                 lineage=None):
         self.ctl, self.feeds = ctl, feeds
         self._produced = {f.cid: (0, 0) for f in feeds}   # (incarnation, env_steps) at the window start
         self._last_stats: dict[int, dict] = {}   # per collector: last consistent stats record
@@ -26,7 +27,7 @@ class LearnerTelemetry(Telemetry):
         self._stage_ms: dict[int, dict] = {}     # per collector: last computed stage times (ms/step)
         self._stuck_reported: set[int] = set()
         self._batches = 0.0
-        super().__init__(cfg, env_steps, num_updates, total_env_steps)
+        super().__init__(cfg, env_steps, num_updates, total_env_steps, lineage=lineage)
 
     def start(self, env_steps: int) -> None:
         super().start(env_steps)

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastsac.common.procs import pid_alive
-from fastsac.config import ConfigError
 
 FORMAT = "fastsac-checkpoint"
 # 1: no run id, save counter or checksum (refused: it cannot be verified); 2: networks of full width
@@ -257,27 +256,9 @@ def check_compatible(payload: dict, env_name: str, obs_dim: int, critic_obs_dim:
                                   f"but this job has {key}={value!r}")
 
 
-def check_fresh_run_dir(run_path: Path, resume: str) -> None:
-    """A fresh run (resume '') into a run_dir that already holds checkpoints is refused: they
-    are another run's, and mixing two runs in one directory is how checkpoints get lost.
-    Torch-free (the launcher calls it before anything is spawned or created)."""
-    if resume:
-        return
-    theirs = sorted(p.name for p in checkpoint_dir(run_path).glob(CKPT_GLOB))
-    if not theirs:
-        return
-    runs = sorted({m["run"] for m in map(_NAME_RE.match, theirs) if m})
-    shown = ", ".join(theirs[-3:]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
-    raise ConfigError(
-        f"run_dir: {str(run_path)!r} already holds checkpoints of an earlier run"
-        f"{' (run id ' + ', '.join(runs) + ')' if runs else ''}: {shown}; this launch would start a fresh run "
-        f"(resume is ''). Continue that run with resume=auto, start from one of its files with resume=<path>, "
-        f"or give this run a new run_dir")
-
-
 # --------------------------------------------------------------------------- writing
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -309,6 +290,7 @@ class RunCheckpoints:
                  log=print):
         self.run_path, self.keep, self.run_id = Path(run_path), keep, run_id
         self.next_seq, self.last_saved_at, self.log = next_seq, last_saved_at, log
+        self.resumed_at: int | None = None    # the env step of the checkpoint this run resumed from
         self._checked: dict[Path, tuple[tuple, CheckpointHeader | None]] = {}  # path -> (stat key, verdict)
 
     @classmethod
@@ -320,6 +302,7 @@ class RunCheckpoints:
         """Continue the run of `payload`: its run id, save_seq past every file of that run here
         (headers are untrusted, but they can only raise the counters)."""
         run = cls(run_path, keep, payload["run_id"], payload["save_seq"] + 1, payload["saved_at"], log)
+        run.resumed_at = int(payload["env_steps"])
         for h in scan_headers(run_path, log=lambda m: None):
             if h.run_id == run.run_id:
                 run.next_seq = max(run.next_seq, h.save_seq + 1)
@@ -373,7 +356,7 @@ class RunCheckpoints:
             del written
             os.replace(tmp, final)
             tmp = None
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except (OSError, RuntimeError) as exc:   # RuntimeError: torch's writer, CheckpointError
             reason = f"the written file does not verify: {exc}" if isinstance(exc, CheckpointError) else str(exc)
             raise CheckpointSaveError(f"checkpoint {final} not saved: {reason}; "

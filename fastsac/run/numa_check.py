@@ -23,13 +23,14 @@ from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.envs.registry import make_env
 from fastsac.machine.binding import numa_maps_pages, read_binding
+from fastsac.run.run_dir import LOGS_DIR, NUMA_CHECK_PREFIX
 
 REPORT_PREFIX = "NUMA-CHECK "
 
 
 def report_dir(run_path: Path, incarnation: int) -> Path:
     """The directory of one check's reports: run_dir/logs/numa-check.<incarnation, hex>."""
-    return Path(run_path) / "logs" / f"numa-check.{incarnation & (2**64 - 1):016x}"
+    return Path(run_path) / LOGS_DIR / f"{NUMA_CHECK_PREFIX}{incarnation & (2**64 - 1):016x}"
 
 
 def report_path(run_path: Path, incarnation: int, role: str, collector_id: int | None = None) -> Path:

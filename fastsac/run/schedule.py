@@ -21,6 +21,19 @@ class RunSchedule:
     def finished(self, env_steps: int) -> bool:
         return env_steps >= self.total_env_steps
 
+    def nothing_left(self, env_steps: int) -> str | None:
+        """Why a run resumed at env_steps has nothing to do (its checkpoint is at or past the
+        budget), else None. Such a run writes nothing: a final checkpoint would be a copy of the one
+        it resumed from, and its retention would prune a distinct older one."""
+        if env_steps < self.total_env_steps:
+            return None
+        budget = f"the job's budget of {self.total_env_steps:,} env steps (trainer.num_iterations x env.num_envs)"
+        where = f"at {budget}" if env_steps == self.total_env_steps else \
+            f"past {budget}: the budget is smaller than the env steps already done"
+        return (f"nothing to do: the checkpoint resumed from is at env step {env_steps:,}, {where}; nothing was "
+                f"trained or written. Raise trainer.num_iterations above {env_steps // self.batch_envs:,} to "
+                "train on")
+
     def checkpoint_due(self, env_steps: int) -> bool:
         """True once per checkpoint.interval iterations (the next one is then scheduled)."""
         if not self.interval or env_steps // self.batch_envs < self.next_checkpoint_it or self.finished(env_steps):

@@ -13,9 +13,10 @@ import torch
 
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.replay_buffer import ReplayBuffer
-# CheckpointSaveError and check_fresh_run_dir: both trainers reach them through this module
+# CheckpointSaveError and check_run_dir_lineage: both trainers reach them through this module
 from fastsac.run.checkpoint import (CheckpointError, CheckpointSaveError, RunCheckpoints, check_compatible,
-                                check_fresh_run_dir, find_resume, to_device)
+                                find_resume, to_device)
+from fastsac.run.run_dir import Lineage, check_run_dir_lineage
 from fastsac.config import Config, config_to_dict
 from fastsac.envs.registry import EnvSpec
 from fastsac.common.transition import TransitionBatch
@@ -55,6 +56,13 @@ _runs: dict[Path, RunCheckpoints] = {}
 
 def _run_key(cfg: Config) -> Path:
     return cfg.run_path.resolve()
+
+
+def lineage(cfg: Config) -> Lineage | None:
+    """This process's run in cfg.run_dir (after restore): its id and the env step it resumed
+    from (None: a fresh start); None without a restore (a learner of a group other than rank 0)."""
+    run = _runs.get(_run_key(cfg))
+    return None if run is None else Lineage(run.run_id, run.resumed_at)
 
 
 def save(cfg: Config, spec: EnvSpec, agent: FastSAC, env_steps: int) -> Path:

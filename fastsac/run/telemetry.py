@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
 from fastsac.common.episodes import EpisodeWindow
 from fastsac.common.eval_result import line, scalars
+from fastsac.run.checkpoint import fsync_dir
+from fastsac.run.run_dir import METRICS_FILE, TB_DIR, Lineage
 
 
 def format_duration(seconds: float) -> str:
@@ -31,25 +34,70 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-METRICS_FILE = "metrics.jsonl"
+def rewind_metrics(path: Path, upto: int | None, run_id: str) -> int:
+    """Drop the rows of metrics.jsonl past env step `upto` (None: every row): what an earlier start
+    logged after the checkpoint this one resumes from, which this start logs again (rows would
+    repeat and go backwards otherwise), and a torn last line. The file is rewritten atomically
+    (temp file, fsync, rename), and only when a row goes. Returns this start's incarnation: one
+    more than the kept rows of run_id carry."""
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 1
+    kept, incarnation = [], 0
+    for text in lines:
+        try:
+            row = json.loads(text)
+        except ValueError:
+            row = None
+        steps = row.get("env_steps") if isinstance(row, dict) else None
+        if upto is None or not text.endswith("\n") or not isinstance(steps, int) or steps > upto:
+            continue
+        kept.append(text)
+        if row.get("run_id") == run_id and isinstance(row.get("incarnation"), int):
+            incarnation = max(incarnation, row["incarnation"])
+    if len(kept) < len(lines):
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    return incarnation + 1
 
 
 class MetricsLogger:
     """Writes scalars to TensorBoard (run_path/tb), to run_path/metrics.jsonl (one JSON object per
-    call: env_steps, wall_time and the scalars by their TensorBoard names; appended across
-    resumes) and optionally to W&B (fastsac.run.wandb_sink), and lines to stdout."""
+    call: env_steps, wall_time, the run id and this start's incarnation, and the scalars by their
+    TensorBoard names) and optionally to W&B (fastsac.run.wandb_sink), and lines to stdout.
 
-    def __init__(self, run_path: Path, tensorboard: bool = True, console: bool = True, cfg=None):
+    `lineage` (the run this process continues): both files start where its checkpoint is. Rows
+    past the resumed checkpoint's env step are dropped from metrics.jsonl and TensorBoard purges
+    its events from the step after it; a fresh start keeps no earlier row."""
+
+    def __init__(self, run_path: Path, tensorboard: bool = True, console: bool = True, cfg=None,
+                 lineage: Lineage | None = None):
         self.console_enabled = console
         self.writer = self.jsonl = self.wandb = None
+        self.stamp: dict = {}
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # heavy, and only with logging.tensorboard
-            self.writer = SummaryWriter(log_dir=str(Path(run_path) / "tb"))
             Path(run_path).mkdir(parents=True, exist_ok=True)
+            purge_step = None
+            if lineage is not None:
+                upto = lineage.resumed_at
+                incarnation = rewind_metrics(Path(run_path) / METRICS_FILE, upto, lineage.run_id)
+                self.stamp = {"run_id": lineage.run_id, "incarnation": incarnation}
+                purge_step = 0 if upto is None else upto + 1
+            self.writer = SummaryWriter(log_dir=str(Path(run_path) / TB_DIR), purge_step=purge_step)
             self.jsonl = open(Path(run_path) / METRICS_FILE, "a", buffering=1)   # line-buffered
             if cfg is not None and cfg.logging.wandb.enabled:
-                from fastsac.run.wandb_sink import WandbSink   # the optional extra, only when asked for
-                self.wandb = WandbSink(cfg)
+                try:
+                    from fastsac.run.wandb_sink import WandbSink   # the optional extra, only when asked for
+                    self.wandb = WandbSink(cfg)
+                except Exception as exc:   # noqa: BLE001 -- any W&B failure: W&B only is lost
+                    self._wandb_failed("could not start", exc)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.writer is None:
@@ -58,9 +106,21 @@ class MetricsLogger:
                   if value is not None and not (isinstance(value, float) and math.isnan(value))}
         for name, value in finite.items():
             self.writer.add_scalar(name, value, step)
-        self.jsonl.write(json.dumps({"env_steps": int(step), "wall_time": round(time.time(), 3), **finite}) + "\n")
+        self.jsonl.write(json.dumps({"env_steps": int(step), "wall_time": round(time.time(), 3), **self.stamp,
+                                     **finite}) + "\n")
         if self.wandb is not None:
-            self.wandb.log(step, finite)
+            try:
+                self.wandb.log(step, finite)
+            except Exception as exc:   # noqa: BLE001 -- a lost connection, a full disk under wandb/
+                self._wandb_failed("failed", exc)
+
+    def _wandb_failed(self, what: str, exc: Exception) -> None:
+        """W&B is a third copy of the scalars: its failure never stops training. Warned once, then
+        off for the rest of the run; TensorBoard and metrics.jsonl go on."""
+        self.wandb = None
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        print(f"warning: Weights & Biases {what} ({type(exc).__name__}: {reason}); training goes on without it "
+              "(the scalars are still written to TensorBoard and metrics.jsonl)", file=sys.stderr, flush=True)
 
     def line(self, text: str) -> None:
         if self.console_enabled:
@@ -74,7 +134,10 @@ class MetricsLogger:
             self.jsonl.close()
             self.jsonl = None
         if self.wandb is not None:
-            self.wandb.close()
+            try:
+                self.wandb.close()
+            except Exception as exc:   # noqa: BLE001 -- the run is over; its files are written
+                self._wandb_failed("failed to finish", exc)
             self.wandb = None
 
 
@@ -82,9 +145,10 @@ class Telemetry:
     """One log window at a time: the trainer adds update time (learn_time) and the last update's
     losses (last_train); log() turns the counters into scalars and the progress line."""
 
-    def __init__(self, cfg, env_steps: int, num_updates: int, total_env_steps: int, episode_steps: int = 0):
+    def __init__(self, cfg, env_steps: int, num_updates: int, total_env_steps: int, episode_steps: int = 0,
+                 lineage: Lineage | None = None):
         self.cfg = cfg
-        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console, cfg)
+        self.metrics = MetricsLogger(cfg.run_path, cfg.logging.tensorboard, cfg.logging.console, cfg, lineage)
         self.episodes = EpisodeWindow()
         self.last_train: dict = {}
         self.total_env_steps = total_env_steps
@@ -101,7 +165,7 @@ class Telemetry:
         if not self._announced:
             self._announced = True
             self.metrics.line(f"run started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {self.cfg.run_path} "
-                              f"(TensorBoard files in {self.cfg.run_path / 'tb'})")
+                              f"(TensorBoard files in {self.cfg.run_path / TB_DIR})")
         self.run_start = self.window_start = time.perf_counter()
         self.start_env_steps = self._env_steps = env_steps
         self.learn_time = 0.0
@@ -178,7 +242,7 @@ class Telemetry:
             lines.append(f"  training episodes: mean return {self.episodes.mean_return:.1f} in the last log window")
         lines.append(f"  checkpoint: {checkpoint if checkpoint else 'none written'}")
         if self.metrics.writer is not None:
-            lines.append(f"  metrics: tensorboard --logdir {run / 'tb'}   (also {run / METRICS_FILE})")
+            lines.append(f"  metrics: tensorboard --logdir {run / TB_DIR}   (also {run / METRICS_FILE})")
         if checkpoint:
             lines += [f"  evaluate: fastsac-eval {run} --episodes 10", f"  export:   fastsac-export {run} "
                                                                       f"--format onnx {run / 'actor.onnx'}"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import wandb  # the optional extra: this module is imported only when logging.wandb.enabled
 
 from fastsac.config import config_to_dict
+from fastsac.run.run_dir import WANDB_DIR
 
 STEP_METRIC = "env_steps"
 RUN_ID_FILE = "fastsac_run_id"
@@ -33,7 +34,7 @@ def _run_id(directory: Path) -> str:
 class WandbSink:
     def __init__(self, cfg):
         w = cfg.logging.wandb
-        directory = cfg.run_path / "wandb"
+        directory = cfg.run_path / WANDB_DIR
         directory.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=w.project, entity=w.entity or None, name=w.run_name or cfg.job_name,
                               mode=w.mode, dir=str(cfg.run_path), id=_run_id(directory), resume="allow",

@@ -48,6 +48,7 @@ from fastsac.run.checkpoint import CheckpointError, load_checkpoint, newest_vali
 from fastsac.tools.outputs import check_output, temp_path, write_failure
 
 FORMATS = ("torchscript", "onnx")
+SUFFIXES = {"torchscript": (".pt", ".ts"), "onnx": (".onnx",)}   # OUT's extension must name its format
 EXPORT_EXTRA_HINT = "pip install 'fastsac[export]'"
 ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")   # the exporter needs the first two, the check the third
 ONNX_OPSET = 18
@@ -284,9 +285,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_arg(p)
     p.add_argument("--format", required=True, choices=FORMATS,
                    help=f"torchscript (torch only) or onnx (needs {EXPORT_EXTRA_HINT})")
-    p.add_argument("out", help="the file to write (its directory must exist; an existing file is replaced, "
-                               "never a checkpoint or anything in a run's checkpoints/)")
+    p.add_argument("out", help="the file to write: .pt or .ts (torchscript), .onnx (onnx); its directory must "
+                               "exist; never a checkpoint or a run's own file (metrics, TensorBoard, logs, "
+                               "checkpoints/)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists (never a checkpoint or a run's "
+                                                         "own file)")
     return p
+
+
+def check_suffix(fmt: str, out: Path) -> None:
+    """OUT's extension names its format: a TorchScript archive written to actor.onnx (or over
+    metrics.jsonl) is a file nobody can tell apart until it fails to load."""
+    if out.suffix not in SUFFIXES[fmt]:
+        raise ConfigError(f"out: {str(out)!r} does not end in {' or '.join(SUFFIXES[fmt])}, the extension of a "
+                          f"--format {fmt} file; e.g. actor{SUFFIXES[fmt][0]}")
 
 
 @quiet_broken_pipe
@@ -294,11 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     out = Path(args.out)
     try:
+        check_suffix(args.format, out)
         if args.format == "onnx" and (missing := missing_onnx_modules()):
             raise ConfigError(f"--format onnx needs {', '.join(ONNX_MODULES)}; missing: {', '.join(missing)}. "
                               f"Install them with: {EXPORT_EXTRA_HINT}")
         policy, _, _ = load_for_env(args.checkpoint)
-        check_output("out", out, reads=(policy.path,))
+        check_output("out", out, reads=(policy.path,), replace=args.force)
     except (CheckpointError, ConfigError) as exc:
         print(f"fastsac-export: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

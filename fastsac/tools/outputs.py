@@ -2,8 +2,10 @@
 
 A tool's output never replaces a checkpoint: not the file it reads (`fastsac-export RUN/ckpt.pt
 ... RUN/ckpt.pt` would leave the run without one), not any other fastsac checkpoint, and nothing
-inside a run's checkpoints/ directory (the trainers prune and resume from there). Symlinks are
-followed before the comparison. Every output goes to a hidden temp file next to it first and is
+inside a run's checkpoints/ directory (the trainers prune and resume from there); nor any other
+file of a run's own (metrics.jsonl, tb/, logs/, wandb/, the lock: fastsac.run.run_dir), and an
+existing file only when the tool is told to replace it (fastsac-export --force). Symlinks are
+followed before the comparison (a loop is refused, naming the path). Every output goes to a hidden temp file next to it first and is
 renamed into place only once it is whole, so a failed write (full disk, I/O error) leaves the
 old file, or nothing, at the final path; the probe below creates that temp file up front, so a
 directory that takes no files (/proc, read-only) is refused before any work starts.
@@ -15,7 +17,8 @@ import os
 from pathlib import Path
 
 from fastsac.errors import ConfigError
-from fastsac.run.checkpoint import CKPT_GLOB, CheckpointError, checkpoint_dir, read_header
+from fastsac.run.checkpoint import CKPT_GLOB, checkpoint_dir
+from fastsac.run.run_dir import own_file_of_a_run, peek_run_id, resolved
 
 CHECKPOINTS_DIRNAME = checkpoint_dir(Path()).name
 
@@ -33,22 +36,21 @@ def _is_run_checkpoints_dir(directory: Path, reads: tuple[Path, ...]) -> bool:
 
 
 def _is_checkpoint(path: Path) -> bool:
-    try:
-        read_header(path)
-    except CheckpointError:
-        return False
-    return True
+    """A file that names a run id the way a checkpoint does (read without torch: torch.load of any
+    other file would only warn and fail)."""
+    return peek_run_id(path) is not None
 
 
-def check_output(key: str, out: Path, reads: tuple[Path, ...] = ()) -> Path:
+def check_output(key: str, out: Path, reads: tuple[Path, ...] = (), replace: bool = True) -> Path:
     """ConfigError (naming `key`) unless `out` is a file this tool may write: its directory exists
-    and takes a new file, and it is none of `reads`, no checkpoint and not inside checkpoints/."""
+    and takes a new file, and it is none of `reads`, no checkpoint, no file of a run's own, not
+    inside checkpoints/, and (unless `replace`) no existing file."""
     shown = str(out)
-    if out.is_dir():
+    real = resolved(key, out)
+    if real.is_dir():
         raise ConfigError(f"{key}: {shown!r} is a directory; give a file name")
     if not out.parent.is_dir():
         raise ConfigError(f"{key}: the directory {str(out.parent)!r} of {shown!r} does not exist")
-    real = out.resolve()
     for source in reads:
         if real == source.resolve():
             raise ConfigError(f"{key}: {shown!r} is the checkpoint this command reads ({str(source)!r}); writing "
@@ -60,6 +62,13 @@ def check_output(key: str, out: Path, reads: tuple[Path, ...] = ()) -> Path:
     if real.is_file() and _is_checkpoint(real):
         raise ConfigError(f"{key}: {shown!r} is a fastsac checkpoint; a tool never writes over one. Give another "
                           "file name")
+    run = own_file_of_a_run(real)
+    if run is not None:
+        raise ConfigError(f"{key}: {shown!r} is one of the files of the run in {str(run)!r} (its metrics, TensorBoard "
+                          "files, logs, W&B files or lock); a tool never writes there. Give another file name, e.g. "
+                          f"{str(run / ('actor' + out.suffix))!r}")
+    if real.exists() and not replace:
+        raise ConfigError(f"{key}: {shown!r} exists; give --force to replace it, or another file name")
     probe = temp_path(real)
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -3,6 +3,7 @@ exit code 2, a message that names the key path and what is valid, and nothing cr
 no logs, no segments in /dev/shm). `--plan` applies the same checks."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,20 +58,26 @@ CASES = [
     ("replay buffer larger than memory", ["device=cpu", "algo.buffer_size=1000000000000"],
      ["algo.buffer_size: 1000000000000 slots per env: the replay buffer for env.num_envs 8 and the rest of the "
       "job need", "MemAvailable", "lower algo.buffer_size or env.num_envs"]),
-    ("critics larger than memory", ["device=cpu", "algo.critic_hidden_dim=1000000"],
-     ["algo.critic_hidden_dim: 1000000: the twin critics and their targets and the rest of the job need",
+    ("critics larger than memory", ["device=cpu", "algo.critic_hidden_dim=65536"],
+     ["algo.critic_hidden_dim: 65536: the twin critics and their targets and the rest of the job need",
       "shrink the critics (algo.critic_hidden_dim"]),
-    ("int64 overflow", ["algo.buffer_size=100000000000000000000"],
-     ["algo.buffer_size: 100000000000000000000 is out of range; expected a value >= 2 and <= 9223372036854775807"]),
+    ("int64 overflow", ["algo.learning_starts=100000000000000000000"],
+     ["algo.learning_starts: 100000000000000000000 is out of range; expected a value >= 0 and <= 9223372036854775807"]),
+    # issue 46: passed every check, then the learner's first update died of a storage-size overflow
+    ("batch size past its bound", ["algo.batch_size=4611686018427387904"],
+     ["algo.batch_size: 4611686018427387904 is out of range; expected a value >= 1 and <= 16777216"]),
+    ("one update larger than memory", ["device=cpu", "algo.batch_size=16777216"],
+     ["algo.batch_size: 16777216 transitions per update: one update's working set", "MemAvailable",
+      "lower algo.batch_size"]),
     ("heartbeat timeout below the minimum", [f"{AO}.heartbeat_timeout_s=0.001"],
      [f"{AO}.heartbeat_timeout_s: 0.001 is out of range; expected a value >= 2.0"]),
     ("stop timeout below the minimum", [f"{AO}.stop_timeout_s=0.5"],
      [f"{AO}.stop_timeout_s: 0.5 is out of range; expected a value >= 5.0"]),
-    ("training envs larger than memory", ["env.num_envs=10000000000"],
-     ["env.num_envs: 10000000000 envs of 'pendulum' and the rest of the job need", "MemAvailable",
+    ("training envs larger than memory", ["env.num_envs=4000000000"],
+     ["env.num_envs: 4000000000 envs of 'pendulum' and the rest of the job need", "MemAvailable",
       "bytes per env (fastsac's table for the built-in task) the largest env.num_envs that fits is"]),
-    ("eval envs larger than memory", ["eval.interval=10", "eval.episodes=10000000000", "eval.num_envs=10000000000"],
-     ["eval.num_envs: 10000000000 eval envs of 'pendulum' and the rest of the job need",
+    ("eval envs larger than memory", ["eval.interval=10", "eval.episodes=4000000000", "eval.num_envs=4000000000"],
+     ["eval.num_envs: 4000000000 eval envs of 'pendulum' and the rest of the job need",
       "the largest eval.num_envs that fits is"]),
     ("rings larger than /dev/shm", [f"{AO}.ring_capacity=1000000000"],
      [f"{AO}.ring_capacity: 1000000000 slots per ring: the shared-memory segments of 1 collector(s) need",
@@ -143,3 +150,73 @@ def test_the_launcher_never_imports_torch(tmp_path, job_name):
             "assert 'torch' not in sys.modules, 'the launcher imported torch'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["launch", "plan"])
+def test_wandb_online_without_credentials_is_refused_before_spawning(tmp_path, job_name, mode):
+    """The learner used to die ~12 s into the job with a 50-line traceback from wandb.init."""
+    cfg = tiny_config(tmp_path, job_name, logging={"wandb": {"enabled": True}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["NETRC"] = str(tmp_path / "no.netrc")
+    proc = subprocess.run([sys.executable, "-m", "fastsac.launcher", str(cfg), *(["--plan"] if mode == "plan" else [])],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "logging.wandb.mode: 'online' needs W&B credentials" in proc.stderr and "wandb login" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"] and job_segments(job_name) == []
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("key", ["run_dir", "resume"])
+def test_a_symbolic_link_loop_is_refused_naming_the_path(tmp_path, tmp_path_factory, job_name, key):
+    """run_dir or resume through a symlink loop: exit 2 naming the path (before: an ELOOP traceback, exit 1)."""
+    links = tmp_path_factory.mktemp("loop")
+    (links / "a").symlink_to(links / "b")
+    (links / "b").symlink_to(links / "a")
+    cfg = tiny_config(tmp_path, job_name)
+    for mode in ([], ["--plan"]):
+        assert_refused(tmp_path, job_name, cfg, [f"{key}={links / 'a'}", *mode],
+                       f"{key}: '{links / 'a'}' cannot be used: it is, or passes through, a symbolic link loop")
+
+
+@pytest.mark.process
+def test_the_plan_of_the_sync_trainer_is_the_one_process_it_is(tmp_path, job_name):
+    cfg = tiny_config(tmp_path, job_name, trainer={"asynchronous": False})
+    proc = run_cli(tmp_path, cfg, "--plan")
+    assert proc.returncode == 0, proc.stderr
+    assert "the synchronous trainer" in proc.stdout and "one process, the launcher itself" in proc.stdout
+    assert "collector_main" not in proc.stdout and "learner_main" not in proc.stdout, proc.stdout
+    plan = json.loads(run_cli(tmp_path, cfg, "--plan", "--json").stdout)
+    assert plan["trainer"] == "synchronous" and [p["role"] for p in plan["processes"]] == ["trainer"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"], "something was created"
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("holder", ["a running job", "another job's run_dir", "another run's output"])
+def test_the_plan_says_when_a_launch_would_be_refused_and_why(tmp_path, job_name, holder):
+    """--plan exits 0 (the plan itself is valid) and names on stderr what would refuse the launch now."""
+    from fastsac import shm_layout as shm
+    from fastsac.run.run_dir_lock import RunDirLock
+    cfg = tiny_config(tmp_path, job_name)
+    run = tmp_path / "run"
+    held = None
+    if holder == "a running job":
+        held = shm.ControlBlock.create(job_name, 1)
+    elif holder == "another job's run_dir":
+        held = RunDirLock.acquire(run, "other-job")
+    else:
+        run.mkdir()
+        (run / "metrics.jsonl").write_text('{"env_steps": 8}\n')
+    try:
+        proc = run_cli(tmp_path, cfg, "--plan")
+    finally:
+        if isinstance(held, shm.ControlBlock):
+            held.unlink(include_collectors=True)
+            held.close()
+        elif held is not None:
+            held.release()
+    why = {"a running job": f"job {job_name!r} is already running", "another job's run_dir": "in use by job 'other-job'",
+           "another run's output": "already holds the output of an earlier run"}[holder]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "a launch of this job now would be refused (exit 2): " in proc.stderr and why in proc.stderr, proc.stderr

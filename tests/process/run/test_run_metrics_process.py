@@ -90,7 +90,8 @@ def test_a_run_says_when_it_started_how_far_it_is_and_sums_up_at_the_end(tmp_pat
         assert needed in summary, (needed, summary)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     tags = scalar_tags(run)
-    file_tags = {k for r in rows for k in r} - {"env_steps", "wall_time"}
+    file_tags = {k for r in rows for k in r} - {"env_steps", "wall_time", "run_id", "incarnation"}
+    assert {(r["run_id"], r["incarnation"]) for r in rows} == {(rows[0]["run_id"], 1)}   # one run, its first start
     assert file_tags == set(tags), (sorted(file_tags ^ set(tags)))      # the same names as TensorBoard
     assert [r["eval/mean_return"] for r in rows if "eval/mean_return" in r] == \
         pytest.approx(tags["eval/mean_return"], rel=1e-6)

@@ -177,6 +177,40 @@ def test_export_never_writes_over_a_checkpoint_or_into_checkpoints(tmp_path):
 
 
 @pytest.mark.process
+def test_export_never_writes_a_runs_own_files_nor_an_existing_file_without_force(tmp_path):
+    """`fastsac-export RUN --format torchscript RUN/metrics.jsonl` replaced the run's metrics with a
+    zip: OUT must carry its format's extension, be none of a run's own files, and an existing
+    OUT is replaced only with --force (without torch.load's warnings about a file that is no
+    checkpoint); a symbolic link loop is named."""
+    path, _ = make_checkpoint(tmp_path, "pendulum")
+    run = tmp_path / "run"
+    for own in ("metrics.jsonl", "tb/events.out.tfevents.1.host", "logs/learner.log", ".fastsac.lock"):
+        (run / own).parent.mkdir(parents=True, exist_ok=True)
+        (run / own).write_text('{"env_steps": 8}\n')
+    mine = tmp_path / "actor.pt"
+    mine.write_text("an earlier export")
+    loop = tmp_path / "loop.pt"
+    loop.symlink_to(tmp_path / "loop2.pt")
+    (tmp_path / "loop2.pt").symlink_to(loop)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    cases = [("torchscript", run / "metrics.jsonl", [], "does not end in .pt or .ts"),   # the issue's case
+             ("onnx", tmp_path / "a.pt", [], "does not end in .onnx"),
+             ("torchscript", run / "tb" / "actor.pt", ["--force"], "files of the run in"),
+             ("torchscript", run / "logs" / "learner.pt", ["--force"], "files of the run in"),
+             ("torchscript", mine, [], "exists; give --force"),
+             ("torchscript", loop, [], "symbolic link loop")]
+    for fmt, out, extra, why in cases:
+        proc = cli(str(run), "--format", fmt, str(out), *extra)
+        assert proc.returncode == 2, (out, proc.stdout + proc.stderr)
+        assert why in proc.stderr and str(out) in proc.stderr and "Traceback" not in proc.stderr, (out, proc.stderr)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    for out in (mine, run / "actor.ts"):      # --force replaces a file of the user's; a run_dir takes new files
+        proc = cli(str(run), "--format", "torchscript", str(out), "--force")
+        assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stdout + proc.stderr
+        assert torch.jit.load(str(out)) is not None
+
+
+@pytest.mark.process
 def test_an_output_directory_that_takes_no_file_is_exit_2(tmp_path):
     path, _ = make_checkpoint(tmp_path, "pendulum")
     proc = cli(str(path), "--format", "torchscript", "/proc/a.pt")
@@ -193,7 +227,7 @@ def test_a_full_disk_is_exit_1_in_one_line_and_leaves_no_file(tmp_path, fmt):
     path, _ = make_checkpoint(tmp_path, "pendulum")
     out = tmp_path / "out"
     out.mkdir()
-    argv = [str(path), "--format", fmt, str(out / "a.pt")]
+    argv = [str(path), "--format", fmt, str(out / ("a.onnx" if fmt == "onnx" else "a.pt"))]
     code = f"import sys\nfrom fastsac.tools.export import main\nsys.exit(main({argv!r}))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
                           preexec_fn=limited_file_size(2048), env={**__import__("os").environ,

@@ -143,10 +143,20 @@ def test_device_is_matched_whole(key):
     ({"seed": -1}, [], "seed: -1 is out of range; expected a value >= 0 and <= 4294967295"),
     ({"seed": 3.0}, [], "seed: 3.0 is a float; expected an integer"),
     ({"env": {"num_envs": 2**63}}, [],
-     "env.num_envs: 9223372036854775808 is out of range; expected a value >= 1 and <= 9223372036854775807"),
-    ({"env": {"num_envs": 2**40}, "trainer": {"num_iterations": 2**40}}, [],
-     "trainer.num_iterations: 1099511627776 iterations x env.num_envs 1099511627776 = 1208925819614629174706176 "
+     "env.num_envs: 9223372036854775808 is out of range; expected a value >= 1 and <= 4294967296"),
+    ({"trainer": {"num_iterations": 2**63}}, [],
+     "trainer.num_iterations: 9223372036854775808 is out of range; expected a value >= 1 and <= 9223372036854775807"),
+    ({"env": {"num_envs": 2**32}, "trainer": {"num_iterations": 2**40}}, [],
+     "trainer.num_iterations: 1099511627776 iterations x env.num_envs 4294967296 = 4722366482869645213696 "
      "env steps do not fit the 64-bit step counters"),
+    # every size has a bound far above any machine and far below an int64 overflow of their products
+    ({"algo": {"batch_size": 2**62}}, [],
+     "algo.batch_size: 4611686018427387904 is out of range; expected a value >= 1 and <= 16777216"),
+    ({"algo": {"critic_hidden_dim": 2**20}}, [],
+     "algo.critic_hidden_dim: 1048576 is out of range; expected a value >= 1 and <= 65536"),
+    ({"algo": {"num_atoms": 2**20}}, [], "algo.num_atoms: 1048576 is out of range; expected a value >= 2 and <= 65536"),
+    ({"algo": {"actor_num_layers": 65, "trunk_shape": "uniform"}}, [],
+     "algo.actor_num_layers: 65 is out of range; expected a value >= 1 and <= 64"),
     ({"trainer": {"async_options": {"heartbeat_timeout_s": 1.9}}}, [],
      "trainer.async_options.heartbeat_timeout_s: 1.9 is out of range; expected a value >= 2.0"),
     ({"trainer": {"async_options": {"stop_timeout_s": 4}}}, [],

@@ -6,12 +6,10 @@ import random
 import pytest
 import torch
 
-from fastsac.config import ConfigError
 from fastsac.run.checkpoint import (
     FORMAT,
     CheckpointError,
     RunCheckpoints,
-    check_fresh_run_dir,
     checkpoint_dir,
     load_checkpoint,
     newest_valid,
@@ -110,18 +108,6 @@ def test_any_flipped_word_is_caught_or_harmless(tmp_path):
                 continue
             assert got["digest"] == expected["digest"] and torch.equal(got["agent"]["w"], expected["agent"]["w"])
     assert caught > 100
-
-
-def test_check_fresh_run_dir_names_the_files_and_the_ways_out(tmp_path):
-    check_fresh_run_dir(tmp_path, "")                 # nothing there: fine
-    path = RunCheckpoints.fresh(tmp_path, keep=1).save(_payload(3))
-    with pytest.raises(ConfigError) as exc:
-        check_fresh_run_dir(tmp_path, "")
-    message = str(exc.value)
-    for needed in (str(tmp_path), path.name, read_header(path).run_id, "resume=auto", "resume=<path>", "new run_dir"):
-        assert needed in message, (needed, message)
-    check_fresh_run_dir(tmp_path, "auto")
-    check_fresh_run_dir(tmp_path, str(path))
 
 
 def test_large_finite_values_are_not_taken_for_non_finite(tmp_path):

@@ -16,6 +16,7 @@ import torch
 
 from support.checkpoint_bytes import tensor_records
 from fastsac.run import checkpoint as ck
+from fastsac.run import run_dir
 from fastsac.run import state as run_state
 from fastsac.run.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid
 from fastsac.config import load_config
@@ -230,8 +231,7 @@ def test_fresh_run_into_a_run_dir_with_checkpoints_is_refused_before_anything_is
     from fastsac.config import ConfigError
     cfg, agent, _, _ = start(tmp_path)
     existing = run_state.save(cfg, SPEC, agent, 100)
-    check = getattr(ck, "check_fresh_run_dir", None)
-    assert check is not None, "fastsac.run.checkpoint.check_fresh_run_dir is missing"
+    check = run_dir.check_run_dir_lineage
     with pytest.raises(ConfigError) as exc:
         check(tmp_path, "")
     message = str(exc.value)

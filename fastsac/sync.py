@@ -58,7 +58,7 @@ def train_sync(cfg: Config) -> int:
                           episode_steps=spec.max_episode_steps, lineage=run_state.lineage(cfg))
     log = telemetry.metrics
     # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
-    threads = ThreadTuner(torch.get_num_threads(), torch.set_num_threads, log=log.line) \
+    threads = ThreadTuner(torch.get_num_threads(), agent.set_threads, log=log.line) \
         if device.type == "cpu" and torch.get_num_threads() > 1 else None
     episodes = EpisodeTracker(n)
     # eval.*: deterministic episodes on separate envs, inline (the sync trainer has no other process)

@@ -21,13 +21,18 @@ the new alpha takes effect from the next update.
 (discount = gamma^k for the actual window length, bootstrap = 0 after a termination).
 Observations are stored raw and normalized here with the current running statistics.
 Log-probs and the critic's action input live in the unit box, see networks.py.
+
+How it is computed: the two Q-nets are independent until the optimizer step, so each twin's half
+(its target projection, loss and gradients; in the actor step its Q and dQ/da) runs on its own
+thread on a CPU with two or more (TwinRunner); the actor backpropagates the twins' mean dQ/da.
+Every optimizer is fused AdamW. Observations are normalized once per batch and normalizer.
 """
 from __future__ import annotations
 
 import copy
 import math
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -36,34 +41,13 @@ from torch import Tensor
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.normalizer import RunningNormalizer
 from fastsac.algo.policy_layout import actor_widths, critic_widths
+from fastsac.algo.twin_runner import TwinRunner
 from fastsac.config import AlgoConfig
 
 # 2: tapered trunks and zero-initialised actor heads; version-1 state has other shapes.
 STATE_DICT_VERSION = 2
 
-
-def _fallback_compile(fn: Callable, name: str) -> Callable:
-    """torch.compile(fn), falling back to eager (with a warning) if the first call fails.
-
-    Compilation needs a working Triton/C++ toolchain on the GPU host; a missing one should
-    cost speed, not the run. Errors after the first successful call are real and propagate.
-    """
-    compiled = torch.compile(fn)
-    state = {"fn": None}
-
-    def call(*args, **kwargs):
-        if state["fn"] is not None:
-            return state["fn"](*args, **kwargs)
-        try:
-            out = compiled(*args, **kwargs)
-            state["fn"] = compiled
-        except Exception as exc:  # noqa: BLE001 - any compiler failure -> eager
-            warnings.warn(f"fastsac: torch.compile of {name} failed ({type(exc).__name__}: {exc}); running eager")
-            state["fn"] = fn
-            out = fn(*args, **kwargs)
-        return out
-
-    return call
+T = TypeVar("T")
 
 
 class FastSAC:
@@ -93,24 +77,32 @@ class FastSAC:
 
         on_cuda = dev.type == "cuda"
         betas = (cfg.adam_beta1, cfg.adam_beta2)
-        fused = True if on_cuda else None          # one kernel per step instead of one per tensor
-        self.actor_optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor_lr, betas=betas,
-                                                 weight_decay=cfg.weight_decay, fused=fused)
-        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, betas=betas,
-                                                  weight_decay=cfg.weight_decay, fused=fused)
+        # fused: one kernel per step for all of an optimizer's tensors instead of a dozen per-tensor
+        # ops each (CPU and CUDA); on CUDA it also keeps the step count on the device (no host sync)
+        self.actor_optimizer = torch.optim.AdamW(self._actor_params, lr=cfg.actor_lr, betas=betas,
+                                                 weight_decay=cfg.weight_decay, fused=True)
+        self.critic_optimizer = torch.optim.AdamW(self._critic_params, lr=cfg.critic_lr, betas=betas,
+                                                  weight_decay=cfg.weight_decay, fused=True)
         # No weight decay on log_alpha: decoupled decay would pull log_alpha towards 0, i.e.
-        # alpha towards 1, a bias unrelated to the entropy target. (One scalar: no fused kernel.)
-        self.alpha_optimizer = torch.optim.AdamW([self.log_alpha], lr=cfg.alpha_lr, betas=betas, weight_decay=0.0)
+        # alpha towards 1, a bias unrelated to the entropy target.
+        self.alpha_optimizer = torch.optim.AdamW([self.log_alpha], lr=cfg.alpha_lr, betas=betas, weight_decay=0.0,
+                                                 fused=True)
         self._optimizers = {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer,
                             "alpha_optimizer": self.alpha_optimizer}
+
+        # the twins, each with its own online net, target net and parameters (see TwinRunner)
+        self._nets = (self.critic.q1, self.critic.q2)
+        self._target_nets = (self.critic_target.q1, self.critic_target.q2)
+        self._net_params = tuple(list(net.parameters()) for net in self._nets)
+        self._twins = TwinRunner(dev)
 
         # bf16 autocast and torch.compile only pay off (and are only tested) on CUDA
         self.amp = bool(cfg.amp and on_cuda)
         self.compiled = bool(cfg.compile and on_cuda)
-        self._critic_loss = _fallback_compile(self._critic_loss_eager, "critic loss") if self.compiled \
-            else self._critic_loss_eager
-        self._actor_loss = _fallback_compile(self._actor_loss_eager, "actor loss") if self.compiled \
-            else self._actor_loss_eager
+        self._critic_loss = torch.compile(self._critic_loss_eager) if self.compiled else self._critic_loss_eager
+        self._q = torch.compile(self._q_eager) if self.compiled else self._q_eager
+        self._compile_checked: set[str] = set()        # steps whose first (compiled) call has run
+        self.compile_fallback_reason: str | None = None   # why the update runs eager after all
 
         self._num_updates = 0
         # Data-parallel learners (fastsac.learner.distributed.LearnerGroup.install): called with the
@@ -126,6 +118,14 @@ class FastSAC:
     def num_updates_done(self) -> int:
         """Critic updates done so far (persistent across calls and checkpoints)."""
         return self._num_updates
+
+    def set_threads(self, n: int) -> None:
+        """The CPUs the updates may use (the learner's thread tuner calls it; see TwinRunner)."""
+        self._twins.set_threads(n)
+
+    def close(self) -> None:
+        """Stop the critic worker thread (also stopped with the process)."""
+        self._twins.close()
 
     @property
     def alpha(self) -> Tensor:
@@ -151,35 +151,33 @@ class FastSAC:
         self.critic_obs_normalizer.update(critic_obs if self.has_critic_obs else obs)
 
     # ------------------------------------------------------------------ losses
-    def _critic_loss_eager(self, obs: Tensor, critic_obs: Tensor | None, actions: Tensor, rewards: Tensor,
-                           next_obs: Tensor, next_critic_obs: Tensor | None, bootstrap: Tensor,
-                           discount: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """-> (critic loss, mean Q, log pi(a'|s') of the sampled next actions, detached)."""
+    def _critic_loss_eager(self, k: int, next_x: Tensor, x: Tensor, target_atoms: Tensor) -> tuple[Tensor, Tensor]:
+        """Critic net k's loss: cross-entropy of its distribution at x against its target net's at
+        next_x shifted onto target_atoms and projected onto the support. -> (loss, mean Q)."""
         support = self.critic.support
         with torch.no_grad(), self._autocast():
-            next_action, next_log_prob = self.actor.sample(self.obs_normalizer(next_obs))
-            target_logits = self.critic_target(self._critic_input(next_obs, next_critic_obs), next_action)
-            target_probs = torch.softmax(target_logits.float(), dim=-1)                 # [2, B, N]
-            # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
-            soft_next = support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)     # [B, N]
-            target_atoms = rewards.unsqueeze(1) + (discount * bootstrap).unsqueeze(1) * soft_next
-            target = categorical_projection(target_atoms, target_probs,
-                                            self.cfg.v_min, self.cfg.v_max)              # [2, B, N]
+            target_probs = torch.softmax(self._target_nets[k](next_x).float(), dim=-1)        # [B, N]
+            target = categorical_projection(target_atoms, target_probs, self.cfg.v_min, self.cfg.v_max)
         with self._autocast():
-            logits = self.critic(self._critic_input(obs, critic_obs), self.actor.to_unit(actions))
+            logits = self._nets[k](x)
         log_probs = torch.log_softmax(logits.float(), dim=-1)
-        # each net learns its own target distribution; losses add up over the two nets
-        qf_loss = -(target * log_probs).sum(-1).mean(-1).sum()
-        q_value = (log_probs.detach().exp() * support).sum(-1).mean()
-        return qf_loss, q_value, next_log_prob.float()
+        loss = -(target * log_probs).sum(-1).mean()
+        return loss, (log_probs.detach().exp() * support).sum(-1).mean()
 
-    def _actor_loss_eager(self, obs: Tensor, critic_obs: Tensor | None, alpha: Tensor) -> tuple[Tensor, Tensor]:
+    def _critic_net_grads(self, k: int, next_x: Tensor, x: Tensor, target_atoms: Tensor):
+        """One twin's half of the critic step (on its own thread, see TwinRunner): loss, mean Q, grads."""
+        loss, q_value = self._critic_loss(k, next_x, x, target_atoms)
+        return loss.detach(), q_value, torch.autograd.grad(loss, self._net_params[k])
+
+    def _q_eager(self, k: int, x: Tensor) -> Tensor:
         with self._autocast():
-            action, log_prob = self.actor.sample(self.obs_normalizer(obs))
-            logits = self.critic(self._critic_input(obs, critic_obs), action)
-        q = self.critic.q_values(logits).mean(0)          # mean of the two nets' expected values
-        actor_loss = (alpha * log_prob - q).mean()
-        return actor_loss, log_prob
+            return self.critic.q_values(self._nets[k](x))
+
+    def _q_action_grad(self, k: int, x: Tensor) -> tuple[Tensor, Tensor]:
+        """One twin's half of the actor step: Q_k at x [B] and d(sum Q_k)/dx (x's rows are independent)."""
+        x = x.detach().requires_grad_(True)
+        q = self._q(k, x)
+        return q.detach(), torch.autograd.grad(q.sum(), x)[0]
 
     # ------------------------------------------------------------------ one gradient step
     def update(self, batch: dict) -> dict[str, Tensor]:
@@ -187,36 +185,82 @@ class FastSAC:
         scalar tensors, no .item(): the caller decides when to sync."""
         cfg = self.cfg
         alpha = self.alpha
+        obs, next_obs = batch["obs"], batch["next_obs"]
+        critic_in = self._critic_input(obs, batch.get("critic_obs"))      # normalized once, used twice
 
-        qf_loss, q_value, next_log_prob = self._critic_loss(
-            batch["obs"], batch.get("critic_obs"), batch["actions"], batch["rewards"], batch["next_obs"],
-            batch.get("next_critic_obs"), batch["bootstrap"], batch["discount"], alpha)
-        self._step(self.critic_optimizer, qf_loss, self._critic_params)
+        with torch.no_grad(), self._autocast():
+            next_action, next_log_prob = self.actor.sample(self.obs_normalizer(next_obs))
+            next_log_prob = next_log_prob.float()
+            # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
+            soft_next = self.critic.support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)    # [B, N]
+            target_atoms = batch["rewards"].unsqueeze(1) + (batch["discount"] * batch["bootstrap"]).unsqueeze(1) * soft_next
+            next_x = self.critic.joint_input(self._critic_input(next_obs, batch.get("next_critic_obs")), next_action)
+        x = self.critic.joint_input(critic_in, self.actor.to_unit(batch["actions"]))
+        # each net learns its own target distribution; the losses add up over the two nets
+        halves = self._guarded("critic", lambda: self._twins.run(self._critic_net_grads, next_x, x, target_atoms))
+        qf_loss, q_value = halves[0][0] + halves[1][0], (halves[0][1] + halves[1][1]) / 2
+        self._step(self.critic_optimizer, self._critic_params, [*halves[0][2], *halves[1][2]])
         with torch.no_grad():
             # Polyak averaging: target <- target + tau * (online - target)
             torch._foreach_lerp_(self._target_params, self._critic_params, cfg.tau)
         if cfg.autotune_alpha:
             alpha_loss = -(self.log_alpha.exp() * (next_log_prob + self.target_entropy)).mean()
-            self._step(self.alpha_optimizer, alpha_loss, [self.log_alpha], clip=False)
+            self._step(self.alpha_optimizer, [self.log_alpha], torch.autograd.grad(alpha_loss, [self.log_alpha]),
+                       clip=False)
         self._num_updates += 1
 
         if self._num_updates % cfg.policy_frequency == 0:
-            actor_loss, log_prob = self._actor_loss(batch["obs"], batch.get("critic_obs"), alpha)
-            # inputs=actor params: the critic's weight gradients are neither needed nor computed
-            self._step(self.actor_optimizer, actor_loss, self._actor_params)
-            self._actor_metrics = {"actor_loss": actor_loss.detach(), "policy_entropy": -log_prob.detach().mean()}
+            self._actor_step(obs, critic_in, alpha)
+        return {"qf_loss": qf_loss, "q_value": q_value, **self._actor_metrics, "alpha": self.alpha}
 
-        return {"qf_loss": qf_loss.detach(), "q_value": q_value, **self._actor_metrics, "alpha": self.alpha}
+    def _actor_step(self, obs: Tensor, critic_in: Tensor, alpha: Tensor) -> None:
+        """Minimize mean(alpha * log pi(a|s) - (Q1 + Q2) / 2) over the actor's parameters: each twin
+        gives dQ/da on its own thread, the actor backpropagates their mean (the critics' weight
+        gradients are neither needed nor computed)."""
+        with self._autocast():
+            action, log_prob = self.actor.sample(self.obs_normalizer(obs))
+            x = self.critic.joint_input(critic_in, action)
 
-    def _step(self, optimizer: torch.optim.Optimizer, loss: Tensor, params: list[Tensor], clip: bool = True) -> None:
-        """Backward into `params` only, average the gradients over learner ranks, clip, step."""
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward(inputs=params)
+        def grads() -> tuple[Tensor, Tensor]:
+            (q1, dq1), (q2, dq2) = self._twins.run(self._q_action_grad, x)
+            batch = log_prob.shape[0]
+            # d/dx of -mean((Q1 + Q2) / 2): the rows' Q gradients, summed over the twins, / (2 B)
+            torch.autograd.backward([x, (alpha * log_prob).mean()], [(dq1 + dq2) / (-2.0 * batch), None],
+                                    inputs=self._actor_params)
+            return (alpha * log_prob.detach() - (q1 + q2) / 2).mean(), log_prob.detach()
+
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        actor_loss, log_prob = self._guarded("actor", grads)
+        self._step(self.actor_optimizer, self._actor_params, None)
+        self._actor_metrics = {"actor_loss": actor_loss, "policy_entropy": -log_prob.mean()}
+
+    def _step(self, optimizer: torch.optim.Optimizer, params: list[Tensor], grads, clip: bool = True) -> None:
+        """Install grads (None: already in .grad), average them over learner ranks, clip, step."""
+        if grads is not None:
+            for p, g in zip(params, grads):
+                p.grad = g
         if self.grad_sync is not None:
             self.grad_sync(params)
         if clip and self.cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         optimizer.step()
+
+    def _guarded(self, name: str, step: Callable[[], T]) -> T:
+        """step() (a loss and its gradients, before any optimizer step). With torch.compile: if the
+        first call fails anywhere, forward or backward, run eager from then on, say so loudly
+        (warning + compile_fallback_reason, which the learner logs and reports) and redo it eagerly."""
+        if not self.compiled or name in self._compile_checked:
+            return step()
+        try:
+            out = step()
+        except Exception as exc:  # noqa: BLE001 - any compiler failure -> eager
+            self.compile_fallback_reason = f"{name} step: {type(exc).__name__}: {exc}"
+            warnings.warn(f"fastsac: torch.compile failed in the {self.compile_fallback_reason}; the update runs eager")
+            self._critic_loss, self._q = self._critic_loss_eager, self._q_eager
+            self.actor.zero_grad(set_to_none=True)
+            out = step()
+        self._compile_checked.add(name)
+        return out
 
     def train(self, buffer, num_updates: int) -> dict[str, Tensor]:
         """num_updates x (sample cfg.batch_size transitions, update). Returns the mean critic

@@ -142,9 +142,14 @@ class TwinDistributionalCritic(nn.Module):
         elif init != "uniform":
             raise ValueError(f"TwinDistributionalCritic: init must be 'uniform' or 'zero_return', got {init!r}")
 
+    @staticmethod
+    def joint_input(critic_obs: Tensor, unit_action: Tensor) -> Tensor:
+        """What each Q-net reads: [B, critic_obs_dim + act_dim]."""
+        return torch.cat([critic_obs, unit_action.to(critic_obs.dtype)], dim=-1)
+
     def forward(self, critic_obs: Tensor, unit_action: Tensor) -> Tensor:
         """-> logits [2, B, num_atoms] (index 0: q1, 1: q2)."""
-        x = torch.cat([critic_obs, unit_action.to(critic_obs.dtype)], dim=-1)
+        x = self.joint_input(critic_obs, unit_action)
         return torch.stack([self.q1(x), self.q2(x)])
 
     def q_values(self, logits: Tensor) -> Tensor:

@@ -68,12 +68,12 @@ class Learner:
         # the plan's concrete device, made current before any other CUDA call; logged with torch,
         # CUDA, driver, GPU name and compute capability
         self.device = open_device(ctx.me.device, tf32=cfg.algo.tf32, log=lambda m: log(ROLE, m))
-        # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
-        self.threads = ThreadTuner(torch.get_num_threads(), torch.set_num_threads, log=lambda m: log(ROLE, m)) \
-            if self.device.type == "cpu" and torch.get_num_threads() > 1 else None
         torch.manual_seed(learner_torch_seed(cfg.seed))
         self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
                                                         num_envs=sum(c.env_count for c in mine))
+        # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
+        self.threads = ThreadTuner(torch.get_num_threads(), self.agent.set_threads, log=lambda m: log(ROLE, m)) \
+            if self.device.type == "cpu" and torch.get_num_threads() > 1 else None
         start = self.start_state()
         self.env_steps = self.start_env_steps = start.env_steps
         self.batch_envs = start.batch_envs

@@ -20,7 +20,9 @@ Rules (the why is in docs/placement.md):
               fastsac.machine.binding.bind_from_argv() first thing.
   * learner   node: learner_numa_node, else the GPU's node, else the lowest usable node
               (node 0 on an unrestricted machine). CPUs: the node's CPUs not given to
-              collectors; if none remain it shares the node's CPUs (plan note).
+              collectors; if none remain it shares the node's CPUs (plan note). A CUDA learner
+              keeps learner_cpus of its node when the collectors there would take them all.
+              Devices: concrete, with their reason (fastsac.machine.devices).
   * collectors node: numa_nodes[i] if given; else 'spread' (i-th usable node, round-robin) or
               'colocate' (the learner's node). Collectors on one node get contiguous disjoint
               CPU slices in core order (SMT siblings stay together): cpus_per_collector each,

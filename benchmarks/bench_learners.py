@@ -54,11 +54,12 @@ def worker(args) -> int:
 
     from fastsac.algo.fastsac import FastSAC
     from fastsac.config import AlgoConfig, Config
-    from fastsac.run.torch_runtime import configure_torch
+    from fastsac.run.torch_runtime import configure_torch, open_device
 
     configure_torch()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device if args.device != "cuda" else f"cuda:{args.rank}")
+    # rank r on cuda:r, made current before the agent is built (else its context and streams are GPU 0's)
+    device = open_device(args.device if args.device != "cuda" else f"cuda:{args.rank}")
     algo = AlgoConfig(actor_hidden_dim=args.actor_hidden, critic_hidden_dim=args.critic_hidden,
                       actor_num_layers=args.layers, critic_num_layers=args.layers, num_atoms=args.atoms,
                       batch_size=args.batch, policy_frequency=2)

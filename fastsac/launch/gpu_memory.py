@@ -5,9 +5,9 @@ job that does not fit dies later with a raw CUDA out-of-memory traceback.
 
 Per GPU (the plan's concrete devices, fastsac.machine.devices):
   * each learner on it: its replay buffer (rows for its own collectors' envs), the networks with
-    gradients, Adam moments and target critics, the update's activations at batch_size (an
-    estimate: every critic layer's output, saved for backward, for both twins), the staging
-    buffer's device twin, and a CUDA context;
+    gradients, Adam moments and target critics, one update's working set at batch_size
+    (fastsac.launch.memory_check's lower bound, the one estimate of it), the staging buffer's
+    device twin, and a CUDA context;
   * each collector inferring on it: a CUDA context (the actor itself is small).
 Free memory per GPU comes from the launcher's torch probe (fastsac.launch.preflight), which
 runs anyway when a CUDA device is planned.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from fastsac import shm_layout as shm
 from fastsac.algo.policy_layout import critic_widths, policy_flat_numel
 from fastsac.config import Config, ConfigError
-from fastsac.launch.memory_check import replay_buffer_nbytes
+from fastsac.launch.memory_check import replay_buffer_nbytes, update_working_set_nbytes_lower_bound
 from fastsac.launch.preflight import gib, torch_cuda_probe
 from fastsac.machine import devices as dv
 
@@ -26,13 +26,13 @@ CUDA_CONTEXT_BYTES = 512 << 20   # a CUDA context with torch's kernels loaded: ~
 
 def network_nbytes(spec, a) -> int:
     """The twin critics (weights, gradients, 2 Adam moments) and their targets, the actor (the
-    same four copies), and the update's saved activations at batch_size."""
+    same four copies), and one update's working set at batch_size (memory_check's estimate)."""
     widths = critic_widths(a)
     ins = [(spec.critic_obs_dim or spec.obs_dim) + spec.act_dim, *widths]
     q_net = sum(i * o + o for i, o in zip(ins, [*widths, a.num_atoms]))
     actor = policy_flat_numel(spec.obs_dim, spec.act_dim, a)
-    activations = a.batch_size * (2 * 2 * (sum(widths) + a.num_atoms) + 2 * actor // max(a.actor_hidden_dim, 1))
-    return 4 * (2 * 4 * q_net + 2 * q_net + 4 * actor + activations)
+    return 4 * (2 * 4 * q_net + 2 * q_net + 4 * actor) + \
+        update_working_set_nbytes_lower_bound(spec.obs_dim, spec.critic_obs_dim, spec.act_dim, a)
 
 
 def staging_nbytes(cfg: Config, spec, envs: list[int]) -> int:

@@ -80,7 +80,8 @@ class Collector:
         self.snapshot = shm.WeightSnapshot.create_or_attach(cfg.job_name, self.cid, numel, job_incarnation)
         self.flat = np.zeros(numel, np.float32)
         # the plan's concrete device: the GPU of the learner this collector feeds, or the CPU
-        self.device = open_device(me.device, "trainer.async_options.collector_inference_device", cfg.algo.tf32)
+        self.device = open_device(me.device, "trainer.async_options.collector_inference_device", cfg.algo.tf32,
+                                  log=lambda m: log(role, m))
         self.policy = InferencePolicy(env.obs_dim, env.act_dim, env.action_low, env.action_high, cfg.algo, self.device)
         # A new incarnation per (re)start: the learner sees the change in the slot headers and drops
         # the dangling last transition of the previous incarnation (it has no successor).

@@ -54,9 +54,12 @@ def _run(argv: list[str] | None) -> int:
         return run_collector_check(ctx)
     # (the NUMA check runs without torch: it has to be quick in the emulated guest)
     from fastsac.collector.loop import Collector
+    from fastsac.shm_layout import SegmentTaken   # numpy, like the loop: only once this process is bound
     from fastsac.run.torch_runtime import configure_torch
     configure_torch(process_setup.torch_threads(ctx))
-    return process_setup.build_and_run(role, lambda stop: Collector(ctx, role, stop))
+    # its collector id already running (a second hand-started copy): exit 2, as any other mismatch
+    # with the job, not the exit 1 of a segment that cannot be attached
+    return process_setup.build_and_run(role, lambda stop: Collector(ctx, role, stop), usage_errors=(SegmentTaken,))
 
 
 if __name__ == "__main__":

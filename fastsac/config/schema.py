@@ -265,7 +265,9 @@ def _coerce(path: str, value: Any, tp: Any, meta: dict) -> Any:
         return [_coerce(f"{path}[{i}]", v, item_tp, meta) for i, v in enumerate(value)]
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected true or false")
+            words = isinstance(value, str) and value.lower() in (*_YAML_BOOL_WORDS[False], *_YAML_BOOL_WORDS[True])
+            hint = f" (YAML 1.2 reads {value} as text, not as YAML 1.1's boolean)" if words else ""
+            raise ConfigError(f"{path}: {value!r} is a {type(value).__name__}; expected true or false{hint}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -318,6 +320,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields and (not isinstance(key, str) or not key.strip()):   # "": 3, a null or numeric key
+            what = "is empty" if isinstance(key, str) else f"is not a name ({type(key).__name__})"
+            raise ConfigError(f"{where}: the key {key!r} {what}; valid keys in {where}: {', '.join(fields)}")
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
             hint = f"; did you mean '{(prefix + '.' if prefix else '') + close[0]}'?" if close else ""

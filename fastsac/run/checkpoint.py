@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import re
 import secrets
 import struct
@@ -146,7 +147,23 @@ def _torch_load(p: Path, mmap: bool = False) -> dict:
         # mmap: only the pickled structure is read; tensor bytes are paged in when touched
         return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # truncated zip, random bytes, pickle errors: all mean "unusable"
-        raise CheckpointError(f"checkpoint {str(p)!r} is corrupt or truncated ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(_unusable(p, exc)) from None
+
+
+def _unusable(p: Path, exc: Exception) -> str:
+    """Why torch.load failed, in one line. torch's weights-only loader wraps its reason in advice to
+    load with weights_only=False, which would run whatever code the file holds: only the reason
+    is kept, and a refused object (a malicious pickle) is named as such."""
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError):
+        refused = re.search(r"GLOBAL [\w.]+", text)
+        if refused:
+            return (f"checkpoint {str(p)!r} is not a fastsac checkpoint: it holds Python objects no checkpoint holds "
+                    f"({refused.group(0)}); it was not loaded, and no code in it ran (fastsac loads only tensors and "
+                    "plain values)")
+        text = " ".join(part.strip() for part in text.split("\n\n") if part.strip() and "weights_only" not in part
+                        and not part.strip().startswith(("Weights only load failed", "Check the documentation")))
+    return f"checkpoint {str(p)!r} is corrupt or truncated ({type(exc).__name__}: {' '.join(text.split())})"
 
 
 def _check_format(payload, p: Path) -> CheckpointHeader:

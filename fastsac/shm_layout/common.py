@@ -34,6 +34,11 @@ class ShmLayoutError(RuntimeError):
     """A segment is missing, mismatched, stale, taken, or cannot be created."""
 
 
+class SegmentTaken(ShmLayoutError):
+    """Another live process holds this role of a segment (a collector id that is already running):
+    a usage error (exit 2), like a collector started with settings other than the job's."""
+
+
 class SegmentKind(enum.IntEnum):
     CTL = 1
     RING = 2

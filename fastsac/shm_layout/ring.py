@@ -16,8 +16,8 @@ import numpy as np
 
 from fastsac.shm_layout.cleanup import _replace_if_stale
 from fastsac.shm_layout.common import (
-    CACHE_LINE, DATA_OFFSET, HEADER_NBYTES, SegmentKind, ShmLayoutError, _align, _check_collector_id, _digest,
-    check_memory_order, validate_job_name,
+    CACHE_LINE, DATA_OFFSET, HEADER_NBYTES, SegmentKind, SegmentTaken, ShmLayoutError, _align, _check_collector_id,
+    _digest, check_memory_order, validate_job_name,
 )
 from fastsac.shm_layout.locks import (
     RING_CONSUMER_LOCK, RING_CONSUMER_PID, RING_PRODUCER_LOCK, RING_PRODUCER_PID, read_pid,
@@ -279,7 +279,7 @@ class TransitionRing(_SegmentHandle):
                               else (RING_CONSUMER_LOCK, RING_CONSUMER_PID))
             if not seg.try_lock(byte):
                 holder = read_pid(seg.u8, pid_line)
-                raise ShmLayoutError(f"{info.what} already has a {role} (pid {holder}): collector_id "
+                raise SegmentTaken(f"{info.what} already has a {role} (pid {holder}): collector_id "
                                      f"{info.collector_id} is taken" if role == "producer" else
                                      f"{info.what} already has a consumer (pid {holder})")
             # Map the pages now (never changes content), so the first pass over the ring

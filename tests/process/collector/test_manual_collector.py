@@ -53,7 +53,7 @@ def test_hand_started_collector_joins_and_a_second_claim_is_refused(tmp_path, jo
 
         wait_for(collector1_running, 60, "the hand-started collector to attach")
         second = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=60)
-        assert second.returncode == 1, second.stdout + second.stderr
+        assert second.returncode == 2, second.stdout + second.stderr   # a usage error, as every other mismatch
         assert "collector_id 1 is taken" in second.stderr, second.stderr
         rest, _ = launcher.communicate(timeout=240)
         assert launcher.returncode == 0, rest

@@ -191,3 +191,50 @@ def test_binding_default_is_auto_and_the_keys_need_no_second_switch():
 def test_every_shipped_config_loads_and_names_its_job_after_its_file(path):
     cfg = load_config(path)        # every key valid, every value in range
     assert cfg.job_name == path.stem
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("seed: 0100", "line 1: seed: 0100 is 64 in YAML 1.1 but 100 in YAML 1.2"),
+    ("env:\n  num_envs: 020", "line 2: env.num_envs: 020 is 16 in YAML 1.1 but 20 in YAML 1.2"),
+    ("seed: 1:20", "line 1: seed: 1:20 is 80 in YAML 1.1 but '1:20' in YAML 1.2"),
+    ("seed: 1_000", "line 1: seed: 1_000 is 1000 in YAML 1.1 but '1_000' in YAML 1.2"),
+    ("algo:\n  obs_normalization: off", "algo.obs_normalization: 'off' is a str; expected true or false (YAML 1.2"),
+    ("algo:\n  autotune_alpha: yes", "algo.autotune_alpha: 'yes' is a str; expected true or false"),
+    ("algo:\n  compile: on", "algo.compile: 'on' is a str; expected true or false"),
+    ("algo:\n  amp: NO", "algo.amp: 'NO' is a str; expected true or false"),
+])
+def test_yaml_1_1_forms_are_refused_naming_the_key_and_the_value(tmp_path, text, expected):
+    """The config is YAML 1.2 (core schema): PyYAML's YAML 1.1 octal, base-60, underscored numbers
+    and on/off/yes/no booleans were read silently (seed: 0100 ran with seed 64)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text + "\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert expected in str(exc.value), str(exc.value)
+    # the same value as an override
+    dotted = {"seed: 0100": "seed=0100", "seed: 1:20": "seed=1:20", "algo:\n  compile: on": "algo.compile=on"}
+    if text in dotted:
+        with pytest.raises(ConfigError):
+            config_from_dict({}, [dotted[text]])
+
+
+def test_yaml_1_2_spellings_still_read_as_before(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seed: 100\ntrainer:\n  async_options:\n    numa_binding: off\nalgo:\n  compile: false\n"
+                 "  gamma: .5\n  v_min: -1.\n  actor_lr: 3e-4\n")
+    cfg = load_config(p)
+    assert (cfg.seed, cfg.trainer.async_options.numa_binding, cfg.algo.compile, cfg.algo.gamma, cfg.algo.v_min,
+            cfg.algo.actor_lr) == (100, "off", False, 0.5, -1.0, 3e-4)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('"": 3', "the config: the key '' is empty; valid keys in the config: job_name"),
+    ('env:\n  "": 3', "env: the key '' is empty; valid keys in env: name"),
+])
+def test_an_empty_key_is_named_as_empty(tmp_path, text, expected):
+    """It was reported as ': unknown key', naming nothing."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text + "\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert expected in str(exc.value), str(exc.value)

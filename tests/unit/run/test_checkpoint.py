@@ -120,3 +120,32 @@ def test_large_finite_values_are_not_taken_for_non_finite(tmp_path):
     payload["agent"]["big"][3] = float("nan")
     with pytest.raises(Exception, match=r"non-finite .*agent\.big"):
         RunCheckpoints.fresh(tmp_path / "b", keep=1).save(payload)
+
+
+class _Malicious:
+    """A pickle that would run code when loaded without weights_only."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(tmp_path):
+    """torch's own message advises re-running torch.load with weights_only=False: the one thing that
+    would run the file's code. The refusal names what was refused, never that advice."""
+    marker = tmp_path / "pwned"
+    path = tmp_path / "ckpt_deadbeef-000001_00000000000008.pt"
+    torch.save({"format": FORMAT, "agent": _Malicious(marker)}, path)
+    for load in (load_checkpoint, read_header):
+        with pytest.raises(CheckpointError) as exc:
+            load(path)
+        message = str(exc.value)
+        assert "weights_only" not in message and "trusted source" not in message, message
+        assert str(path) in message and "GLOBAL posix.mkdir" in message and "no code in it ran" in message, message
+        assert "\n" not in message
+    assert not marker.exists()
+    (tmp_path / "junk.pt").write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    with pytest.raises(CheckpointError, match="is corrupt or truncated"):
+        load_checkpoint(tmp_path / "junk.pt")

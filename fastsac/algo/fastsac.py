@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -179,6 +179,32 @@ class FastSAC:
         q = self._q(k, x)
         return q.detach(), torch.autograd.grad(q.sum(), x)[0]
 
+    def _row_parts(self, n: int) -> list[slice]:
+        """The batch rows of each thread's share of the actor's work: two halves when the twins
+        run in parallel (the actor's rows are as independent as the twins), else one part."""
+        return [slice(0, n // 2), slice(n // 2, n)] if self._twins.parallel else [slice(0, n)]
+
+    def _each_part(self, parts: list[slice], fn: Callable[..., T], *args) -> list[T]:
+        return list(self._twins.run(fn, parts, *args)) if len(parts) == 2 else [fn(0, parts, *args)]
+
+    def _sample_part(self, h: int, parts: list[slice], obs_n: Tensor, noise: Tensor, grad: bool):
+        """The actor's action and log-prob for rows parts[h] (grad and autocast are per thread)."""
+        with torch.set_grad_enabled(grad), self._autocast():
+            return self.actor.sample(obs_n[parts[h]], noise=noise[parts[h]])
+
+    def _sample(self, obs_n: Tensor, grad: bool) -> tuple[list[slice], list[tuple[Tensor, Tensor]]]:
+        """a ~ pi(.|s) for a batch of normalized observations, its rows split over the threads.
+        The noise is drawn here, once for the batch: the same draws as one actor.sample call."""
+        noise = torch.randn(obs_n.shape[0], self.act_dim, device=obs_n.device)
+        parts = self._row_parts(obs_n.shape[0])
+        return parts, self._each_part(parts, self._sample_part, obs_n, noise, grad)
+
+    def _actor_part_grads(self, h: int, parts: list[slice], xs: list[Tensor], log_probs: list[Tensor],
+                          dx: Tensor, dlog_prob: Tensor) -> tuple[Tensor, ...]:
+        """The actor's gradients from rows parts[h]: backpropagate dL/dx and dL/dlog_prob."""
+        return torch.autograd.grad([xs[h], log_probs[h]], self._actor_params,
+                                   [dx[parts[h]], dlog_prob.expand_as(log_probs[h])])
+
     # ------------------------------------------------------------------ one gradient step
     def update(self, batch: dict) -> dict[str, Tensor]:
         """One critic and alpha step (+ an actor step every policy_frequency-th call). Detached
@@ -188,9 +214,10 @@ class FastSAC:
         obs, next_obs = batch["obs"], batch["next_obs"]
         critic_in = self._critic_input(obs, batch.get("critic_obs"))      # normalized once, used twice
 
+        _, sampled = self._sample(self.obs_normalizer(next_obs), grad=False)
         with torch.no_grad(), self._autocast():
-            next_action, next_log_prob = self.actor.sample(self.obs_normalizer(next_obs))
-            next_log_prob = next_log_prob.float()
+            next_action = torch.cat([a for a, _ in sampled])
+            next_log_prob = torch.cat([lp for _, lp in sampled]).float()
             # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
             soft_next = self.critic.support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)    # [B, N]
             target_atoms = batch["rewards"].unsqueeze(1) + (batch["discount"] * batch["bootstrap"]).unsqueeze(1) * soft_next
@@ -215,30 +242,33 @@ class FastSAC:
 
     def _actor_step(self, obs: Tensor, critic_in: Tensor, alpha: Tensor) -> None:
         """Minimize mean(alpha * log pi(a|s) - (Q1 + Q2) / 2) over the actor's parameters: each twin
-        gives dQ/da on its own thread, the actor backpropagates their mean (the critics' weight
-        gradients are neither needed nor computed)."""
-        with self._autocast():
-            action, log_prob = self.actor.sample(self.obs_normalizer(obs))
-            x = self.critic.joint_input(critic_in, action)
+        gives dQ/da on its own thread, the actor backpropagates their mean and alpha / B per
+        log-prob, its rows split over the threads too (the critics' weight gradients are neither
+        needed nor computed)."""
+        obs_n = self.obs_normalizer(obs)
+        batch = obs_n.shape[0]
 
-        def grads() -> tuple[Tensor, Tensor]:
-            (q1, dq1), (q2, dq2) = self._twins.run(self._q_action_grad, x)
-            batch = log_prob.shape[0]
+        def grads() -> tuple[list[Tensor], Tensor, Tensor]:
+            parts, sampled = self._sample(obs_n, grad=True)
+            log_probs = [lp for _, lp in sampled]
+            xs = [self.critic.joint_input(critic_in[rows], a) for rows, (a, _) in zip(parts, sampled)]
+            (q1, dq1), (q2, dq2) = self._twins.run(self._q_action_grad, torch.cat([x.detach() for x in xs]))
             # d/dx of -mean((Q1 + Q2) / 2): the rows' Q gradients, summed over the twins, / (2 B)
-            torch.autograd.backward([x, (alpha * log_prob).mean()], [(dq1 + dq2) / (-2.0 * batch), None],
-                                    inputs=self._actor_params)
-            return (alpha * log_prob.detach() - (q1 + q2) / 2).mean(), log_prob.detach()
+            dx, dlog_prob = (dq1 + dq2) / (-2.0 * batch), alpha / batch
+            per_part = self._each_part(parts, self._actor_part_grads, xs, log_probs, dx, dlog_prob)
+            log_prob = torch.cat([lp.detach() for lp in log_probs])
+            loss = (alpha * log_prob - (q1 + q2) / 2).mean()
+            return [sum(g) for g in zip(*per_part)], loss, log_prob
 
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        actor_loss, log_prob = self._guarded("actor", grads)
-        self._step(self.actor_optimizer, self._actor_params, None)
+        actor_grads, actor_loss, log_prob = self._guarded("actor", grads)
+        self._step(self.actor_optimizer, self._actor_params, actor_grads)
         self._actor_metrics = {"actor_loss": actor_loss, "policy_entropy": -log_prob.mean()}
 
-    def _step(self, optimizer: torch.optim.Optimizer, params: list[Tensor], grads, clip: bool = True) -> None:
-        """Install grads (None: already in .grad), average them over learner ranks, clip, step."""
-        if grads is not None:
-            for p, g in zip(params, grads):
-                p.grad = g
+    def _step(self, optimizer: torch.optim.Optimizer, params: list[Tensor], grads: Sequence[Tensor],
+              clip: bool = True) -> None:
+        """Install the gradients, average them over learner ranks, clip, step."""
+        for p, g in zip(params, grads):
+            p.grad = g
         if self.grad_sync is not None:
             self.grad_sync(params)
         if clip and self.cfg.max_grad_norm > 0:
@@ -257,7 +287,6 @@ class FastSAC:
             self.compile_fallback_reason = f"{name} step: {type(exc).__name__}: {exc}"
             warnings.warn(f"fastsac: torch.compile failed in the {self.compile_fallback_reason}; the update runs eager")
             self._critic_loss, self._q = self._critic_loss_eager, self._q_eager
-            self.actor.zero_grad(set_to_none=True)
             out = step()
         self._compile_checked.add(name)
         return out

@@ -68,17 +68,20 @@ class Actor(nn.Module):
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1.0)
         return mean, log_std
 
-    def sample(self, obs: Tensor, deterministic: bool = False,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def sample(self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None,
+               noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Unit-box action in (-1, 1) and its log-prob [B] under the squashed Gaussian.
 
         log pi(a) = sum_i [ log N(u_i; mean_i, std_i) - log(1 - tanh(u_i)^2) ], with the
         Jacobian term in the overflow-free form log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)).
-        (Deterministic: a = tanh(mean); the log-prob is then that of the mode.)
+        (Deterministic: a = tanh(mean); the log-prob is then that of the mode.) `noise`: eps drawn
+        by the caller ([B, act_dim] float32), e.g. once for a batch whose rows are split over threads.
         """
         mean, log_std = self(obs)
         if deterministic:
             eps = torch.zeros_like(mean)
+        elif noise is not None:
+            eps = noise
         else:
             eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         u = mean + log_std.exp() * eps

@@ -118,12 +118,23 @@ def test_update_matches_the_reference_update(critic_obs_dim, threads, extra):
     assert any(not close(t_new[f"critic.{k}"], v) for k, v in moved.items())
 
 
-def test_one_and_two_threads_give_the_same_bits():
-    """The twins' halves are the same ops whichever thread runs them: parallel is not approximate."""
-    a, *_ = run_both(0, 1)
-    b, *_ = run_both(0, 2)
-    for (name, x), y in zip(named_tensors(a).items(), named_tensors(b).values()):
-        assert torch.equal(x, y), name
+def test_two_cpus_run_the_twins_and_the_actor_rows_on_two_threads():
+    """set_threads(2) on a CPU: twin 1 and the second half of the actor's rows run on the worker
+    thread (the equivalence above holds for both settings); set_threads(1): all on the caller's."""
+    import threading
+    agent = make_agent(0)
+    seen: list[str] = []
+    sample = agent.actor.sample
+    agent.actor.sample = lambda *a, **kw: (seen.append(threading.current_thread().name), sample(*a, **kw))[1]
+    try:
+        for threads, want in ((2, 2), (1, 1)):
+            agent.set_threads(threads)
+            seen.clear()
+            agent.update(next(batches(0)))
+            assert agent._twins.parallel == (threads == 2)
+            assert len(set(seen)) == want, seen
+    finally:
+        agent.close()
 
 
 def test_critic_parameters_are_the_twins_in_order():

@@ -47,6 +47,16 @@ class StartState:
     writes_checkpoints: bool  # the one learner, or rank 0 of a group
 
 
+def update_thread_range(me, collectors, planned: int) -> tuple[int, int]:
+    """(the update's planned threads, the most it may try): its own, plus the threads of the
+    collectors it feeds from that run on CPUs it may run on too (binding off, or a shared node):
+    a collector blocked on a full ring leaves them idle, and the tuner keeps the extra threads
+    only while they make the updates faster (a busy collector makes them slower)."""
+    mine = set(me.cpus)
+    idle = sum(c.threads for c in collectors if set(c.cpus) <= mine)
+    return planned, min(len(mine), planned + idle) if mine else planned
+
+
 class Learner:
     def __init__(self, ctx):
         cfg = self.cfg = ctx.cfg
@@ -71,9 +81,11 @@ class Learner:
         torch.manual_seed(learner_torch_seed(cfg.seed))
         self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
                                                         num_envs=sum(c.env_count for c in mine))
-        # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
-        self.threads = ThreadTuner(torch.get_num_threads(), self.agent.set_threads, log=lambda m: log(ROLE, m)) \
-            if self.device.type == "cpu" and torch.get_num_threads() > 1 else None
+        # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner),
+        # between its own CPUs and those its collectors leave idle while they wait on a full ring
+        planned, most = update_thread_range(ctx.me, mine, torch.get_num_threads())
+        self.threads = ThreadTuner(most, self.agent.set_threads, log=lambda m: log(ROLE, m), fewest=planned) \
+            if self.device.type == "cpu" and most > 1 else None
         start = self.start_state()
         self.env_steps = self.start_env_steps = start.env_steps
         self.batch_envs = start.batch_envs

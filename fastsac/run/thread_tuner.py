@@ -24,8 +24,10 @@ SLOWDOWN = 1.5          # kept count this much slower than when it was chosen: c
 
 class ThreadTuner:
     def __init__(self, max_threads: int, set_threads: Callable[[int], None], clock=time.perf_counter,
-                 log: Callable[[str], None] | None = None):
-        self.choices = sorted({max_threads, max(1, max_threads - 1)}, reverse=True)
+                 log: Callable[[str], None] | None = None, fewest: int | None = None):
+        """Compares max_threads with `fewest` (default: one thread fewer)."""
+        fewest = max_threads - 1 if fewest is None else fewest
+        self.choices = sorted({max_threads, max(1, min(fewest, max_threads))}, reverse=True)
         self.current = max_threads
         self._set, self._clock, self._log = set_threads, clock, log
         self._set(self.current)

@@ -55,3 +55,11 @@ def test_one_thread_has_nothing_to_tune():
     m = Machine()
     tuner = ThreadTuner(1, m.set_threads, clock=lambda: m.now)
     assert not tuner.active and m.threads == 1
+
+
+def test_fewest_sets_the_other_choice():
+    """The async learner compares the CPUs its idle collectors leave with its own planned ones."""
+    m = Machine()
+    tuner = ThreadTuner(4, m.set_threads, clock=lambda: m.now, fewest=1)
+    assert tuner.choices == [4, 1] and m.threads == 4
+    assert ThreadTuner(2, m.set_threads, clock=lambda: m.now, fewest=5).choices == [2]

@@ -5,6 +5,7 @@ in paired interleaved rounds, next to the GEMM floor of the same update measured
   .venv/bin/python benchmarks/bench_update.py --sizes halfcheetah_cpu --threads 1 2 --rounds 9
   .venv/bin/python benchmarks/bench_update.py --sizes humanoid --rounds 3 --updates 2   # reference GPU sizes
   .venv/bin/python benchmarks/bench_update.py --profile                 # + the top ops of each update
+  .venv/bin/python benchmarks/bench_update.py --neighbour               # beside a busy loop on the last CPU
 
 A size is a shipped config (configs/<size>.yaml): its networks, atoms, batch and policy_frequency,
 with the observation and action sizes of its env. Each round times `--updates` updates of one
@@ -17,12 +18,24 @@ a dispatch mode: shapes and strides), replayed alone as torch.mm on fresh operan
 the time of these FLOPs with nothing else, best of two ways on `--threads` CPUs (all intra-op
 threads on one sequence; or, with 2+ CPUs, the two twins' products on two threads of half each).
 "of floor" = floor / measured time: 100% is the physical bound for that implementation's GEMMs.
+
+--device DEV --mode {eager,compile,cudagraphs} [--json] [--quick]: fastsac's update alone on DEV
+(the reference GPU sizes, configs/humanoid.yaml; --quick: the quick start's), eager, with
+torch.compile (algo.compile) or compiled with CUDA graphs (inductor's cudagraphs, as mode
+"reduce-overhead"); it prints the path that really ran (eager after a compile fallback) and,
+with --json, one JSON line {"mode", "ms_per_update", "path", "device", "size"} last
+(benchmarks/gpu_check.py reads it).
+
+--neighbour: a Python busy loop pinned to the last allowed CPU runs through the timed rounds (a
+shared machine, or a collector stepping beside the learner); the floor stays a quiet one.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -39,11 +52,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from fastsac.algo.fastsac import FastSAC  # noqa: E402
 from fastsac.config import load_config  # noqa: E402
 from fastsac.envs.registry import make_env  # noqa: E402
+from process_group import CHILDREN  # noqa: E402
 from reference_update import ReferenceUpdate  # noqa: E402
 
 CPU_RECIPES = ["halfcheetah_cpu", "ant_cpu", "dmc_cheetah_run_cpu"]
 GEMM_OPS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"}
 NUM_BATCHES = 4
+# a neighbour that the scheduler shares the CPU with (SCHED_OTHER even when this runs under chrt)
+SPINNER = ("import os, sys\nos.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))\n"
+           "os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n")
 
 
 def cpu_description() -> str:
@@ -207,7 +224,8 @@ def profile_top(impl: Impl, updates: int, top: int = 12) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
-def bench_size(size: Size, threads: int, rounds: int, updates: int, profile: bool) -> list[dict]:
+def bench_size(size: Size, threads: int, rounds: int, updates: int, profile: bool,
+               neighbour: bool = False) -> list[dict]:
     impls = [Impl("reference", size, threads), Impl("fastsac", size, threads)]
     updates = max(updates // impls[0].frequency, 1) * impls[0].frequency
     rows = []
@@ -219,9 +237,15 @@ def bench_size(size: Size, threads: int, rounds: int, updates: int, profile: boo
         for impl in impls:           # warm-up: allocator, first-call paths, the worker thread
             impl.timed(impl.frequency)
         times = {impl.name: [] for impl in impls}
-        for r in range(rounds):
-            for impl in (impls if r % 2 == 0 else impls[::-1]):
-                times[impl.name].append(impl.timed(updates))
+        spinner = CHILDREN.start([sys.executable, "-c", SPINNER, str(max(os.sched_getaffinity(0)))], cwd=REPO) \
+            if neighbour else None
+        try:
+            for r in range(rounds):
+                for impl in (impls if r % 2 == 0 else impls[::-1]):
+                    times[impl.name].append(impl.timed(updates))
+        finally:
+            if spinner is not None:
+                CHILDREN.stop(spinner, signal.SIGKILL, 5.0)
         ratios = [ref / new for ref, new in zip(times["reference"], times["fastsac"])]
         for impl in impls:
             t = statistics.median(times[impl.name])
@@ -241,6 +265,34 @@ def bench_size(size: Size, threads: int, rounds: int, updates: int, profile: boo
     return rows
 
 
+def device_run(name: str, device: str, mode: str, updates: int) -> dict:
+    """fastsac's update on `device` in `mode`, after warm-up (compilation included there)."""
+    size = Size(name)
+    size.cfg.algo.compile = mode != "eager"
+    if mode == "cudagraphs":
+        import torch._inductor.config as inductor_config
+        inductor_config.triton.cudagraphs = True
+    torch.manual_seed(0)
+    agent = FastSAC(size.obs_dim, size.critic_obs_dim, size.act_dim, size.low, size.high, size.cfg.algo,
+                    torch.device(device))
+    batches = [{k: (v.to(device) if v is not None else None) for k, v in b.items()} for b in size.batches()]
+    sync = torch.cuda.synchronize if agent.device.type == "cuda" else (lambda: None)
+    for i in range(2 * size.cfg.algo.policy_frequency):       # warm-up: compiles the critic and the actor step
+        agent.update(batches[i % NUM_BATCHES])
+    sync()
+    t0 = time.perf_counter()
+    for i in range(updates):
+        agent.update(batches[i % NUM_BATCHES])
+    sync()
+    ms = (time.perf_counter() - t0) / updates * 1e3
+    if not agent.compiled or agent.compile_fallback_reason is not None:
+        path = "eager" if agent.compile_fallback_reason is None else f"eager (fallback: {agent.compile_fallback_reason})"
+    else:
+        path = "compiled+cudagraphs" if mode == "cudagraphs" else "compiled"
+    agent.close()
+    return {"mode": mode, "ms_per_update": ms, "path": path, "device": str(agent.device), "size": name}
+
+
 def format_row(r: dict) -> str:
     vs = f"{r['ratio']:.2f}x [{r['ratio_lo']:.2f}-{r['ratio_hi']:.2f}]" if "ratio" in r else "1.00x"
     return (f"{r['size']:<20} {r['impl']:<10} {r['threads']:>3} {r['ms']:>10.2f} {r['ups']:>10.1f} {r['gflop']:>7.3f} "
@@ -254,15 +306,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="paired rounds (the order alternates)")
     ap.add_argument("--updates", type=int, default=40, help="updates per implementation per round")
     ap.add_argument("--profile", action="store_true", help="print the top ops of each update (torch profiler)")
+    ap.add_argument("--neighbour", action="store_true", help="a busy loop on the last CPU during the rounds")
+    ap.add_argument("--device", help="fastsac's update alone on this device (cpu, cuda, cuda:N)")
+    ap.add_argument("--mode", choices=["eager", "compile", "cudagraphs"], default="eager")
+    ap.add_argument("--json", action="store_true", help="with --device: one JSON line last")
+    ap.add_argument("--quick", action="store_true", help="with --device: the quick start's sizes, a few updates")
     args = ap.parse_args(argv)
+    if args.device:
+        row = device_run("quickstart" if args.quick else "humanoid", args.device, args.mode,
+                         4 if args.quick else args.updates)
+        print(f"{row['size']} on {row['device']}, {row['mode']}: {row['ms_per_update']:.2f} ms per update, "
+              f"path {row['path']}")
+        if args.json:
+            print(json.dumps(row))
+        return 0
     print(f"cpu: {cpu_description()}\ntorch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()} kernels, "
-          f"python {platform.python_version()}; {args.rounds} paired rounds of {args.updates} updates")
+          f"python {platform.python_version()}; {args.rounds} paired rounds of {args.updates} updates"
+          f"{', beside a busy loop on the last CPU' if args.neighbour else ''}")
     print(f"{'size':<20} {'impl':<10} {'thr':>3} {'ms/update':>10} {'updates/s':>10} {'GFLOP':>7} {'GFLOP/s':>8} "
           f"{'floor ms':>9} {'of floor':>8}   vs reference (median [range])")
     for name in args.sizes:
         size = Size(name)
         for threads in args.threads:
-            for row in bench_size(size, threads, args.rounds, args.updates, args.profile):
+            for row in bench_size(size, threads, args.rounds, args.updates, args.profile, args.neighbour):
                 print(format_row(row), flush=True)
     return 0
 

@@ -192,10 +192,12 @@ class FastSAC:
         with torch.set_grad_enabled(grad), self._autocast():
             return self.actor.sample(obs_n[parts[h]], noise=noise[parts[h]])
 
-    def _sample(self, obs_n: Tensor, grad: bool) -> tuple[list[slice], list[tuple[Tensor, Tensor]]]:
-        """a ~ pi(.|s) for a batch of normalized observations, its rows split over the threads.
-        The noise is drawn here, once for the batch: the same draws as one actor.sample call."""
-        noise = torch.randn(obs_n.shape[0], self.act_dim, device=obs_n.device)
+    def _noise(self, obs_n: Tensor) -> Tensor:
+        """The actor's eps for a batch, drawn once: the same draws as one actor.sample call."""
+        return torch.randn(obs_n.shape[0], self.act_dim, device=obs_n.device)
+
+    def _sample(self, obs_n: Tensor, noise: Tensor, grad: bool) -> tuple[list[slice], list[tuple[Tensor, Tensor]]]:
+        """a ~ pi(.|s) for a batch of normalized observations, its rows split over the threads."""
         parts = self._row_parts(obs_n.shape[0])
         return parts, self._each_part(parts, self._sample_part, obs_n, noise, grad)
 
@@ -214,7 +216,8 @@ class FastSAC:
         obs, next_obs = batch["obs"], batch["next_obs"]
         critic_in = self._critic_input(obs, batch.get("critic_obs"))      # normalized once, used twice
 
-        _, sampled = self._sample(self.obs_normalizer(next_obs), grad=False)
+        next_obs_n = self.obs_normalizer(next_obs)
+        _, sampled = self._sample(next_obs_n, self._noise(next_obs_n), grad=False)
         with torch.no_grad(), self._autocast():
             next_action = torch.cat([a for a, _ in sampled])
             next_log_prob = torch.cat([lp for _, lp in sampled]).float()
@@ -246,10 +249,10 @@ class FastSAC:
         log-prob, its rows split over the threads too (the critics' weight gradients are neither
         needed nor computed)."""
         obs_n = self.obs_normalizer(obs)
-        batch = obs_n.shape[0]
+        batch, noise = obs_n.shape[0], self._noise(obs_n)     # drawn once: a rerun after a fallback reuses it
 
         def grads() -> tuple[list[Tensor], Tensor, Tensor]:
-            parts, sampled = self._sample(obs_n, grad=True)
+            parts, sampled = self._sample(obs_n, noise, grad=True)
             log_probs = [lp for _, lp in sampled]
             xs = [self.critic.joint_input(critic_in[rows], a) for rows, (a, _) in zip(parts, sampled)]
             (q1, dq1), (q2, dq2) = self._twins.run(self._q_action_grad, torch.cat([x.detach() for x in xs]))

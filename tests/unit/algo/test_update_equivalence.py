@@ -141,3 +141,44 @@ def test_critic_parameters_are_the_twins_in_order():
     """The critic optimizer's state (and so every checkpoint) lists q1's parameters, then q2's."""
     agent = make_agent(0)
     assert [id(p) for p in agent.critic.parameters()] == [id(p) for half in agent._net_params for p in half]
+
+
+class _FailingBackward(torch.autograd.Function):
+    """Identity whose backward fails, as a compiled graph's backward that does not compile."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("inductor: C++ compile of the backward failed")
+
+
+@pytest.mark.parametrize("where", ["critic forward", "actor backward"])
+def test_a_compile_failure_in_the_first_step_falls_back_to_eager_loudly(where):
+    """torch.compile failing anywhere in the first step, forward or backward: that step reruns
+    eagerly, the agent says why (compile_fallback_reason, a warning), and it trains as eager does."""
+    eager, agent = make_agent(0), make_agent(0)
+    agent.compiled = True
+    if where == "critic forward":
+        def broken(*a, **kw):
+            raise RuntimeError("inductor: no working C++ compiler")
+        agent._critic_loss = broken
+    else:
+        q_eager = agent._q_eager
+        agent._q = lambda k, x: _FailingBackward.apply(q_eager(k, x))
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        for i, b in enumerate(batches(0)):
+            if i == 4:
+                break
+            torch.manual_seed(i)
+            m = agent.update(b)
+            torch.manual_seed(i)
+            want = eager.update(b)
+            assert torch.equal(m["qf_loss"], want["qf_loss"]) and torch.equal(m["actor_loss"], want["actor_loss"])
+    assert agent.compile_fallback_reason is not None
+    assert agent.compile_fallback_reason.startswith("critic" if where == "critic forward" else "actor")
+    assert "compile" in agent.compile_fallback_reason
+    for x, y in zip(named_tensors(agent).values(), named_tensors(eager).values()):
+        assert torch.equal(x, y)

@@ -378,6 +378,9 @@ def run_numa_check(cfg, plan, ctl: "shm.ControlBlock", timeout_s: float = 600.0)
     try:
         for child in children:
             child.plan = _with_extra_arg(child.plan, "--check-numa")
+            # logs/numa-check.<incarnation>.<process>.log: the check trains nothing, so its logs are
+            # no run's output (fastsac.run.run_dir), and a fresh run may still use this run_dir
+            child.log_path = reports_at.with_name(f"{reports_at.name}.{child.log_path.name}")
             sup.spawn(child)
         deadline = time.monotonic() + timeout_s
         failed, reports = [], []

@@ -8,10 +8,13 @@ that read its reports back from them would also list the processes of an earlier
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 from support.e2e_helpers import launch, tiny_config
+
+from fastsac.run.run_dir import run_outputs
 
 NUM_COLLECTORS = 2
 
@@ -50,6 +53,10 @@ def test_a_second_check_with_the_same_run_dir_reports_only_its_own_processes(tmp
     assert not second_doc["failed"], second_doc["failed"]
     for r in second_doc["reports"]:
         assert r["binding"] == binding and r["planned_node"] == (0 if binding == "numactl" else None), r
+    # nothing but each check's process logs stays (the report directories go), named as no run's
+    # output (fastsac.run.run_dir): a fresh run may still use this run_dir
     logs = tmp_path / "run" / "logs"
-    assert sorted(p.name for p in logs.iterdir()) == ["collector0.log", "collector1.log", "learner.log"], \
-        f"nothing but the process logs stays in {logs}: {sorted(p.name for p in logs.iterdir())}"
+    names = sorted(p.name for p in logs.iterdir())
+    assert len(names) == 2 * 3 and all(re.fullmatch(r"numa-check\.[0-9a-f]{16}\.(collector[01]|learner)\.log", n)
+                                       for n in names), f"{logs}: {names}"
+    assert run_outputs(tmp_path / "run") == []

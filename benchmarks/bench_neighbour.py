@@ -12,6 +12,8 @@ of N CPUs taken, a CPU-bound trainer keeps at most (N - 1) / N of its quiet rate
     python benchmarks/bench_neighbour.py                              # sync and async, 3 rounds
     python benchmarks/bench_neighbour.py --modes sync --rounds 5 --seconds 60
     python benchmarks/bench_neighbour.py --smoke                      # the smallest size (a test)
+    python benchmarks/bench_neighbour.py --quiet-only --config configs/halfcheetah_cpu.yaml --seconds 60
+                                  # no neighbour: sync vs async updates/s, paired (async / sync per round)
 
 Every run is stopped by SIGTERM (its process group), the neighbour by SIGKILL; a stopped
 benchmark stops both.
@@ -70,6 +72,24 @@ def one_run(args, mode: str, neighbour: bool, work: Path, tag: str) -> tuple[flo
     return rates(run_dir / "metrics.jsonl", args.warmup_s)
 
 
+def quiet_only(args) -> int:
+    """The modes on a quiet machine in paired rounds (the order alternates): updates/s, env-steps/s
+    and, with sync and async, async / sync per round."""
+    got: dict[str, list[tuple[float, float]]] = {m: [] for m in args.modes}
+    with tempfile.TemporaryDirectory(prefix="bench_neighbour_") as tmp:
+        for r in range(args.rounds):
+            for mode in (args.modes if r % 2 == 0 else args.modes[::-1]):
+                got[mode].append(one_run(args, mode, False, Path(tmp), f"{mode}{r}q"))
+                print(f"round {r + 1} {mode:5s}: {got[mode][-1][0]:7.1f} upd/s {got[mode][-1][1]:9,.0f} env-steps/s",
+                      flush=True)
+    for mode, rows in got.items():
+        print(f"{mode}: {statistics.median(u for u, _ in rows):.1f} upd/s (median of {len(rows)})")
+    if {"sync", "async"} <= set(got):
+        ratios = [a[0] / s[0] for s, a in zip(got["sync"], got["async"])]
+        print(f"async / sync updates/s: {statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/quickstart.yaml")
@@ -79,12 +99,15 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=45.0, help="wall-clock per run")
     p.add_argument("--warmup-s", type=float, default=15.0, help="log windows before this are not counted")
     p.add_argument("--smoke", action="store_true", help="the smallest size: 1 round of sync, seconds per run")
+    p.add_argument("--quiet-only", action="store_true", help="no neighbour runs: the modes against each other")
     args = p.parse_intermixed_args()
     if args.smoke:
         args.modes, args.rounds, args.seconds, args.warmup_s = ["sync"], 1, 12.0, 0.0
         args.overrides = ["algo.learning_starts=2", "env.num_envs=8", *args.overrides]
     cpus = len(os.sched_getaffinity(0))
     results: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in args.modes}
+    if args.quiet_only:
+        return quiet_only(args)
     with tempfile.TemporaryDirectory(prefix="bench_neighbour_") as tmp:
         work = Path(tmp)
         for r in range(args.rounds):

@@ -469,10 +469,10 @@ def test_launcher_kill9_orphans_exit_and_stale_segments_are_recovered(fault_job,
 # --------------------------------------------------------------------------- 4. SIGTERM
 
 @pytest.mark.process
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
 def test_sigterm_to_the_launcher_stops_gracefully_with_a_final_checkpoint(fault_job, sig):
-    """Every stop signal docs/operations.md names (SIGHUP: an ssh session that drops; SIGINT:
-    test_cli_conventions.py) is the same graceful stop."""
+    """Every stop signal docs/operations.md names (SIGINT: a Ctrl-C; SIGHUP: an ssh session that
+    drops) is the same graceful stop."""
     job = fault_job(trainer={"num_iterations": 100_000}, checkpoint={"interval": 0})
     launcher = job.start()
     ctl = job.wait_running(min_env_steps=10 * 8)

@@ -193,12 +193,15 @@ def print_sync_plan(cfg: Config, plan, args) -> int:
         print(json.dumps({"trainer": "synchronous", "processes": [me], "segments": [],
                           "topology": plan_to_json(plan)["topology"]}, indent=2))
         return EXIT_OK
-    print(f"job plan: the synchronous trainer (trainer.asynchronous: false): one process, the launcher itself; "
-          f"no learner, collector or evaluator processes, no shared-memory segments\n\n"
-          f"  process  CPUs  envs  seed  device  threads\n"
-          f"  trainer  {me['cpus']}  {me['envs']}  {me['seed']}  {me['device']}  {me['threads']}  "
-          f"(stepping and updates alternate on every allowed CPU)\n"
-          f"  evaluation: {me['eval']}\n\ncommand:\n  {command}")
+    columns = ("process", "CPUs", "envs", "seed", "device", "threads")
+    values = ("trainer", me["cpus"], me["envs"], str(me["seed"]), me["device"], str(me["threads"]))
+    widths = [max(len(c), len(v)) for c, v in zip(columns, values)]
+    print("job plan: the synchronous trainer (trainer.asynchronous: false): one process, the launcher itself; "
+          "no learner, collector or evaluator processes, no shared-memory segments\n")
+    for row in (columns, values):
+        print("  " + "  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+    print(f"  (stepping and updates alternate on every allowed CPU; evaluation: {me['eval']})\n\n"
+          f"command:\n  {command}")
     return EXIT_OK
 
 

@@ -213,6 +213,15 @@ def test_bench_neighbour_pairs_quiet_and_busy_runs():
     assert re.search(r"^\| sync \| [\d.]+ \| [\d.]+ \| [\d.]+x \[", out, re.M), out
 
 
+@pytest.mark.process
+def test_bench_neighbour_quiet_only_pairs_sync_with_async():
+    # 20 s: the async job's first logged window must land inside the run on a loaded 2-core box
+    out = run_benchmark("bench_neighbour.py", "--quiet-only", "--rounds", "1", "--seconds", "20", "--warmup-s", "0",
+                        "algo.learning_starts=2", "env.num_envs=8", timeout=180)
+    assert re.search(r"^round 1 sync : +[\d.]+ upd/s", out, re.M) and re.search(r"^round 1 async: +[\d.]+ upd/s", out, re.M), out
+    assert re.search(r"^async / sync updates/s: [\d.]+x \[", out, re.M), out
+
+
 def _processes_naming(text: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

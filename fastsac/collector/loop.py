@@ -1,4 +1,5 @@
-"""The collector's step loop (see collector_main for the command line and the protocol)."""
+"""The collector's step loop: act, step, push into its ring, load weights (the command line, the
+protocol and the loop in outline: fastsac.collector.main)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ from fastsac.algo.policy import InferencePolicy
 from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.common.episodes import EpisodeTracker
 from fastsac.common.pacing import IdleBackoff
+from fastsac.common.procs import pid_alive
 from fastsac.common.seeds import collector_action_seed, collector_torch_seed, reset_seed
 from fastsac.common.stopping import StopSignal, ending_at_once
 from fastsac.common.transition import TransitionBatch
@@ -68,8 +70,7 @@ class Collector:
                                 max_episode_steps=cfg.env.max_episode_steps, num_threads=me.threads)
         self.env_first, self.n = me.env_first, me.env_count
         env = self.env
-        spec = shm.RingSpec(num_envs=self.n, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,
-                            act_dim=env.act_dim, capacity=self.ao.ring_capacity)
+        spec = shm.job_ring_spec(cfg, env, self.n)
         job_incarnation = self.ctl.incarnation
         # Created here, under this process's binding, the pages land on our node; a restart
         # re-attaches instead and unread slots survive.
@@ -111,7 +112,7 @@ class Collector:
         state, pid = shm.ProcState(learner["state"]), learner["pid"]
         if state == shm.ProcState.FAILED:
             raise CollectorError("the learner failed")
-        if pid and state != shm.ProcState.FINISHED and not shm.pid_alive(pid):
+        if pid and state != shm.ProcState.FINISHED and not pid_alive(pid):
             raise CollectorError(f"the learner (pid {pid}) is gone")
         age = self.ctl.learner_heartbeat_age_s()
         if state == shm.ProcState.RUNNING and age is not None and age > self.ao.heartbeat_timeout_s:

@@ -1,7 +1,7 @@
 """The transition batch: one env-step of a block of envs, and the one list of its fields.
 
 FIELDS drives everything that stores or moves transitions: the ring's slot layout
-(fastsac.shm_layout.ring), the collector's write into a slot, the learner's staging views and
+(fastsac.shm_layout.ring_layout), the collector's write into a slot, the learner's staging views and
 ReplayBuffer.extend. A TransitionBatch holds numpy arrays (env, ring) or torch tensors (learner,
 replay buffer) under the same names.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from fastsac import shm_layout as shm
 from fastsac.common.pacing import restart_delay
+from fastsac.common.procs import pid_alive
 from fastsac.errors import EXIT_USAGE
 
 STOP_GRACE_S = 5.0   # after the stop request: an evaluator still running then is killed
@@ -103,7 +104,7 @@ def status_line(job: str, incarnation: int, now_ns: int) -> str | None:
         state = shm.ProcState(st["state"]).name
     except ValueError:
         state = f"?{st['state']}"
-    if state in ("STARTING", "RUNNING") and not shm.pid_alive(st["pid"]):
+    if state in ("STARTING", "RUNNING") and not pid_alive(st["pid"]):
         state += "(gone)"
     doing = f"evaluating env step {st['busy_env_steps']:,}" if st["busy_env_steps"] else "idle"
     last = "no result yet"

@@ -37,10 +37,8 @@ def network_nbytes(spec, a) -> int:
 
 def staging_nbytes(cfg: Config, spec, envs: list[int]) -> int:
     """The device twin of a learner's staging buffer (fastsac.learner.staging.IngestStaging)."""
-    ao = cfg.trainer.async_options
-    slot = max(shm.RingSpec(num_envs=n, obs_dim=spec.obs_dim, critic_obs_dim=spec.critic_obs_dim,
-                            act_dim=spec.act_dim, capacity=ao.ring_capacity).slot_nbytes for n in envs)
-    return ao.max_ingest_per_iter * (slot + 2 * shm.CACHE_LINE)
+    max_slots = cfg.trainer.async_options.max_ingest_per_iter
+    return max(shm.job_ring_spec(cfg, spec, n).staging_nbytes(max_slots) for n in envs)
 
 
 def _per_gpu(cfg: Config, spec, plan) -> dict[str, dict]:

@@ -353,9 +353,8 @@ def check_shared_memory(cfg: Config, plan, spec) -> None:
     snapshots = 2 * 4 * numel * n
     exact = rings + snapshots <= free
     if exact:
-        rings = sum(shm.RingSpec(num_envs=c.env_count, obs_dim=spec.obs_dim, critic_obs_dim=spec.critic_obs_dim,
-                                 act_dim=spec.act_dim, capacity=cap).segment_nbytes for c in plan.collectors)
-        snapshots = sum(shm._wts_info(cfg.job_name, c.collector_id, numel).total_nbytes for c in plan.collectors)
+        rings = sum(shm.job_ring_spec(cfg, spec, c.env_count).segment_nbytes for c in plan.collectors)
+        snapshots = n * shm.snapshot_nbytes(numel)
     need = rings + snapshots + shm.CTL_NBYTES
     if need <= free:
         return

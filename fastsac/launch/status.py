@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import posix_ipc
 
 from fastsac import shm_layout as shm
+from fastsac.common.procs import pid_alive
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.launch.evaluator_watch import status_line as evaluator_status_line
 
@@ -107,7 +108,7 @@ def _age(now_ns: int, then_ns: int) -> float | None:
 
 def _live_state(state: str, pid: int) -> bool:
     """False when the record says running but its pid is gone (a crash the launcher has not seen yet)."""
-    return not (pid > 0 and state in ("STARTING", "RUNNING", "STOPPING") and not shm.pid_alive(pid))
+    return not (pid > 0 and state in ("STARTING", "RUNNING", "STOPPING") and not pid_alive(pid))
 
 
 def attach(job: str) -> "shm.ControlBlock":

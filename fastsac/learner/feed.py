@@ -35,10 +35,6 @@ class CollectorFeed:
         self.ingested_slots = 0
         self.last_ingest_ns = 0
         self.max_lag = 0
-        # float32 columns of the dense part (obs .. rewards) and u8 flag columns, for the value checks
-        fields = {f.name: f for f in spec.slot_fields()}
-        self._floats = (fields["obs"].offset, fields["rewards"].offset + fields["rewards"].nbytes)
-        self._flags = (fields["terminated"], fields["truncated"])
 
     @property
     def attached(self) -> bool:
@@ -100,47 +96,32 @@ class CollectorFeed:
         Returns the number of slots with non-finite values (0 when all is well); raises FeedFault
         for stamps no correct collector writes. Either way a non-zero result drops the collector.
         """
-        n, hdr = self.spec.num_envs, shm.staged_headers(dense, k)
-        first_seq = self.ring.read_cursor
+        slots = shm.StagedSlots(self.spec, dense[:k], finals, offsets[:k])
+        n, first_seq = self.spec.num_envs, self.ring.read_cursor
         last_inc, last_step = self.last_incarnation, self.last_env_step
         for j in range(k):
-            h = hdr[j]
-            seq, inc, nf = int(h[shm.HDR["seq"]]), int(h[shm.HDR["incarnation"]]), int(h[shm.HDR["num_final"]])
-            step, version = int(h[shm.HDR["env_step"]]), int(h[shm.HDR["weight_version"]])
-            where = f"slot {first_seq + j}"
-            if seq != first_seq + j:
-                raise FeedFault(f"{where} is stamped seq {seq} (stale or duplicated data)")
+            s, where = slots.stamps(j), f"slot {first_seq + j}"
+            if s.seq != first_seq + j:
+                raise FeedFault(f"{where} is stamped seq {s.seq} (stale or duplicated data)")
+            inc = s.incarnation
             if not 1 <= inc <= collector_incarnation or (last_inc is not None and inc < last_inc):
                 raise FeedFault(f"{where} has incarnation {inc}; the collector is at {collector_incarnation}"
                                 f"{'' if last_inc is None else f', the last slot had {last_inc}'}")
-            if inc == last_inc and step != last_step + 1:
-                raise FeedFault(f"{where} has env_step {step} after {last_step} (lost or repeated steps)")
-            if not 0 <= nf <= n:
-                raise FeedFault(f"{where} has num_final {nf}, outside 0..{n}")
-            if not 0 <= version <= self.snapshot_version:
-                raise FeedFault(f"{where} was acted with weight version {version}; only "
+            if inc == last_inc and s.env_step != last_step + 1:
+                raise FeedFault(f"{where} has env_step {s.env_step} after {last_step} (lost or repeated steps)")
+            if not 0 <= s.num_final <= n:
+                raise FeedFault(f"{where} has num_final {s.num_final}, outside 0..{n}")
+            if not 0 <= s.weight_version <= self.snapshot_version:
+                raise FeedFault(f"{where} was acted with weight version {s.weight_version}; only "
                                 f"{self.snapshot_version} were published to it")
-            done = np.flatnonzero(dense[j, self._flags[0].offset:self._flags[0].offset + n]
-                                  | dense[j, self._flags[1].offset:self._flags[1].offset + n])
-            if nf != done.size or (nf and not np.array_equal(self._final_idx(finals, offsets[j], nf), done)):
+            done = slots.ended_envs(j)
+            if s.num_final != done.size or (s.num_final and
+                                            not np.array_equal(slots.final_rows(j)["final_idx"], done)):
                 raise FeedFault(f"{where}: its final rows do not list exactly the envs whose episode ended")
-            last_inc, last_step = inc, step
-        flags = np.concatenate([dense[:k, f.offset:f.offset + n] for f in self._flags], axis=1)
-        if (flags > 1).any():
+            last_inc, last_step = inc, s.env_step
+        if not slots.flags_are_binary():
             raise FeedFault("terminated/truncated flags other than 0/1")
-        bad = ~np.isfinite(dense[:k, self._floats[0]:self._floats[1]].view(np.float32)).all(axis=1)
-        for j in range(k):
-            if offsets[j] >= 0 and not bad[j]:
-                nf = int(hdr[j, shm.HDR["num_final"]])
-                bad[j] = not all(np.isfinite(rows.view(np.float32)).all()
-                                 for f, rows in self._final_rows(finals, offsets[j], nf) if f.name != "final_idx")
-        return int(bad.sum())
-
-    def _final_rows(self, finals: np.ndarray, pos: int, nf: int):
-        return [(f, finals[pos + off:pos + off + nbytes]) for f, off, nbytes in self.spec.final_rows_layout(nf)]
-
-    def _final_idx(self, finals: np.ndarray, pos: int, nf: int) -> np.ndarray:
-        return self._final_rows(finals, pos, nf)[0][1].view(np.int64)
+        return int(slots.nonfinite().sum())
 
     def note_ingested(self, k: int, last_incarnation: int, last_env_step: int) -> None:
         self.ingested_slots += k

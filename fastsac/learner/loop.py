@@ -95,10 +95,7 @@ class Learner:
         numel = policy_flat_numel(self.spec.obs_dim, self.spec.act_dim, cfg.algo)
         rows = [sum(c.env_count for c in mine[:j]) for j in range(len(mine))]   # its rows in this buffer
         self.feeds = [CollectorFeed(cfg.job_name, c.collector_id, first, c.env_count,
-                                    shm.RingSpec(num_envs=c.env_count, obs_dim=self.spec.obs_dim,
-                                                 critic_obs_dim=self.spec.critic_obs_dim,
-                                                 act_dim=self.spec.act_dim, capacity=self.ao.ring_capacity),
-                                    numel)
+                                    shm.job_ring_spec(cfg, self.spec, c.env_count), numel)
                       for c, first in zip(mine, rows)]
         self.staging = IngestStaging([f.spec for f in self.feeds], self.ao.max_ingest_per_iter, self.device)
         self.chunk_timer = ChunkTimer(self.device)
@@ -299,18 +296,20 @@ class Learner:
         return sum(r.k for r in runs), transitions
 
     def extend(self, run) -> None:
-        feed, hdr = run.feed, run.headers
+        feed = run.feed
         for j, s in enumerate(self.staging.slots(run)):
-            incarnation = int(hdr[j, shm.HDR["incarnation"]])
+            stamps = run.slots.stamps(j)
+            incarnation = stamps.incarnation
             if feed.last_incarnation is not None and incarnation != feed.last_incarnation:
                 # A restarted collector: the previous incarnation's newest transition has no
                 # successor and never will; forget it instead of bootstrapping from garbage.
                 self.buffer.drop_newest(feed.rows)
                 log(ROLE, f"collector {feed.cid}: new incarnation {incarnation}")
             feed.last_incarnation = incarnation
-            feed.max_lag = max(feed.max_lag, feed.snapshot_version - int(hdr[j, shm.HDR["weight_version"]]))
+            feed.max_lag = max(feed.max_lag, feed.snapshot_version - stamps.weight_version)
             run_state.ingest(self.agent, self.buffer, feed.rows, s)
-        feed.note_ingested(run.k, int(hdr[-1, shm.HDR["incarnation"]]), int(hdr[-1, shm.HDR["env_step"]]))
+        last = run.slots.stamps(-1)
+        feed.note_ingested(run.k, last.incarnation, last.env_step)
 
     # ------------------------------------------------------------------ updates
     def updates_to_run(self, transitions: int) -> int:

@@ -38,26 +38,26 @@ def allocate(nbytes: int, device: torch.device, twin: bool = True) -> tuple[torc
     return host, torch.empty(nbytes, dtype=torch.uint8, device=device) if twin else None
 
 
-def _align(n: int) -> int:
-    return (n + shm.CACHE_LINE - 1) // shm.CACHE_LINE * shm.CACHE_LINE
-
-
 @dataclass
 class StagedRun:
     """k slots of one collector in the staging buffer."""
     feed: CollectorFeed
-    k: int
-    dense_at: int                 # byte offset of the [k, dense_nbytes] block
-    finals_at: int                # byte offset of the packed final rows
-    offsets: list[int]            # per slot: offset of its final rows after finals_at (-1: none)
-    headers: np.ndarray           # int64 [k, 8] copy of the slot headers (columns shm.HDR)
+    slots: shm.StagedSlots        # typed views of the staged bytes, and where they lie in the buffer
+
+    @property
+    def k(self) -> int:
+        return self.slots.k
+
+    @property
+    def offsets(self) -> list[int]:
+        return self.slots.offsets
 
 
 class IngestStaging:
     def __init__(self, specs: list["shm.RingSpec"], max_slots: int, device: torch.device):
         # Worst case of one round: every slot from the ring with the largest slots, each with all
         # its final rows (dense + finals <= slot_nbytes, plus alignment of the two pieces).
-        self.nbytes = max_slots * (max(s.slot_nbytes for s in specs) + 2 * shm.CACHE_LINE)
+        self.nbytes = max(s.staging_nbytes(max_slots) for s in specs)
         self.cuda = device.type == "cuda"
         self.device = device
         self.host, self.dev = allocate(self.nbytes, device)
@@ -78,25 +78,20 @@ class IngestStaging:
 
     def take(self, feed: CollectorFeed, max_slots: int) -> StagedRun:
         """Copy up to max_slots of the feed's ready slots into the buffer (not released yet)."""
-        spec, at = feed.spec, self.used
-        room = (self.nbytes - at) // (spec.slot_nbytes + 2 * shm.CACHE_LINE)
-        k = min(feed.available(), max_slots, room)   # only the learner releases: k slots stay ready
-        dense = self.host_np[at:at + k * spec.dense_nbytes].reshape(k, spec.dense_nbytes)
-        finals_at = _align(at + k * spec.dense_nbytes)
-        k, offsets, finals_nbytes = feed.ring.copy_out(dense, self.host_np[finals_at:], k)
-        self.used = _align(finals_at + finals_nbytes)
-        return StagedRun(feed, k, at, finals_at, offsets, shm.staged_headers(dense, k).copy())
+        k = min(feed.available(), max_slots)   # only the learner releases: k slots stay ready
+        slots = feed.ring.copy_into(self.host_np, self.used, k)
+        self.used = slots.placed.end
+        return StagedRun(feed, slots)
 
     def dense_rows(self, run: StagedRun) -> np.ndarray:
-        return self.host_np[run.dense_at:run.dense_at + run.k * run.feed.spec.dense_nbytes].reshape(
-            run.k, run.feed.spec.dense_nbytes)
+        return run.slots.dense
 
     def final_rows(self, run: StagedRun) -> np.ndarray:
-        return self.host_np[run.finals_at:self.nbytes]
+        return run.slots.finals
 
     def rewind(self, run: StagedRun) -> None:
         """Forget a run (its collector was dropped): the next one overwrites its bytes."""
-        self.used = run.dense_at
+        self.used = run.slots.placed.dense_at
 
     def send(self) -> None:
         """ONE host->device copy of everything staged this round (non-blocking from pinned memory)."""
@@ -108,16 +103,4 @@ class IngestStaging:
 
     def slots(self, run: StagedRun):
         """Per slot: a TransitionBatch of device tensors, views of the staged bytes."""
-        spec = run.feed.spec
-        block = self.dev[run.dense_at:run.dense_at + run.k * spec.dense_nbytes].view(run.k, spec.dense_nbytes)
-        dense = {f.name: block[:, f.offset:f.offset + f.nbytes].view(_TORCH_DTYPES[f.dtype]).unflatten(1, f.shape)
-                 for f in spec.slot_fields() if f.name != "header" and f.offset < spec.dense_nbytes}
-        for j in range(run.k):
-            nf = int(run.headers[j, shm.HDR["num_final"]])
-            values = dict.fromkeys(("critic_obs", "final_critic_obs"))   # None unless the task has them
-            values.update({name: v[j] for name, v in dense.items()})
-            base = run.finals_at + run.offsets[j]
-            for f, off, nbytes in spec.final_rows_layout(nf):
-                rows = self.dev[base + off:base + off + nbytes] if run.offsets[j] >= 0 else self.dev[:0]
-                values[f.name] = rows.view(_TORCH_DTYPES[f.dtype]).reshape(nf, *f.shape[1:])
-            yield TransitionBatch(**values)
+        return run.slots.twin(self.dev, _TORCH_DTYPES.__getitem__).batches()

@@ -1,4 +1,5 @@
-"""The transition ring of collector i: slot layout (RingSpec, SlotView) and the SPSC ring itself.
+"""The transition ring of collector i: the SPSC ring itself (TransitionRing). Its byte format,
+the slot layout and the typed views of a slot, are ring_layout's.
 
 Writers: slot contents + write cursor + producer pid: the producer (collector i); read
 cursor + consumer pid: the consumer (the learner). Data is written before the cursor that
@@ -7,198 +8,21 @@ common.check_memory_order).
 """
 from __future__ import annotations
 
-import functools
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from fastsac.common.transition import TransitionBatch
 from fastsac.shm_layout.cleanup import _replace_if_stale
-from fastsac.shm_layout.common import (
-    CACHE_LINE, DATA_OFFSET, HEADER_NBYTES, SegmentKind, SegmentTaken, ShmLayoutError, _align, _check_collector_id,
-    _digest, check_memory_order, validate_job_name,
-)
+from fastsac.shm_layout.common import DATA_OFFSET, SegmentTaken, ShmLayoutError, _align, check_memory_order
 from fastsac.shm_layout.locks import (
     RING_CONSUMER_LOCK, RING_CONSUMER_PID, RING_PRODUCER_LOCK, RING_PRODUCER_PID, read_pid,
 )
-from fastsac.shm_layout.segment import (
-    SegmentInfo, _incarnation_of, _open_quiet, _Segment, _SegmentHandle, _unlink_quiet,
+from fastsac.shm_layout.ring_layout import (
+    HDR, RING_READ_CURSOR, RING_WRITE_CURSOR, Placement, RingSpec, SlotView, StagedSlots, staged_headers,
 )
-from fastsac.common.transition import FIELDS, TransitionBatch, fields_for
-
-SLOT_HEADER_FIELDS = ("weight_version", "env_step", "num_final", "incarnation", "produced_ns", "seq")
-SLOT_HEADER_NBYTES = CACHE_LINE  # int64[8]; unused entries reserved
-HDR = {name: i for i, name in enumerate(SLOT_HEADER_FIELDS)}  # index of each header value
-
-
-def staged_headers(dense: np.ndarray, k: int) -> np.ndarray:
-    """int64 [k, 8] view of the slot headers of the first k rows copied out by copy_out()
-    (columns: HDR[name])."""
-    return dense[:k, :SLOT_HEADER_NBYTES].view(np.int64)
-
-
-# Ring control lines (offsets in the segment). One int64 each, each on its own cache line.
-RING_WRITE_CURSOR = HEADER_NBYTES + 0 * CACHE_LINE   # writer: producer (collector)
-RING_READ_CURSOR = HEADER_NBYTES + 1 * CACHE_LINE    # writer: consumer (learner)
-# Lines 2 and 3 hold the producer's and the consumer's [pid, attached_ns] (locks.py).
-
-
-@dataclass(frozen=True)
-class SlotField:
-    name: str
-    offset: int            # bytes from the start of the slot (64-aligned)
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-
-@dataclass(frozen=True)
-class RingSpec:
-    """Shape of one collector's ring. A slot holds one env-step batch of the collector's envs.
-
-    Slot layout (every field 64-byte aligned; dense fields first, sparse last):
-      header   int64[8]  weight_version, env_step, num_final, incarnation, produced_ns, seq
-      obs      f32[N, obs_dim]         observation acted on at this step
-      critic_obs f32[N, cdim]          only when cdim > 0
-      actions  f32[N, act_dim]
-      rewards  f32[N]
-      terminated u8[N], truncated u8[N]
-      --- dense_nbytes: everything above is always valid; below only the first num_final rows
-      final_idx  i64[N]                env index of each episode that ended at this step
-      final_obs  f32[N, obs_dim]       its true final observation (the slot's successor holds
-      final_critic_obs f32[N, cdim]    the reset observation instead)
-    Next observations are not stored: obs of the successor slot, or final_obs for ended envs.
-    """
-    num_envs: int
-    obs_dim: int
-    critic_obs_dim: int
-    act_dim: int
-    capacity: int
-
-    def __post_init__(self):
-        for f in ("num_envs", "obs_dim", "act_dim", "capacity"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ShmLayoutError(f"RingSpec.{f}: {v!r} is not valid; expected an integer >= 1")
-        v = self.critic_obs_dim
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ShmLayoutError(f"RingSpec.critic_obs_dim: {v!r} is not valid; expected an integer >= 0 (0 = none)")
-
-    @functools.cached_property
-    def _fields(self) -> tuple[tuple[SlotField, ...], int, int]:
-        """The slot header, then the transition fields (fastsac.common.transition.FIELDS) in their order:
-        the dense ones (every env) first, the final-row ones last."""
-        dense = [("header", np.dtype(np.int64), (SLOT_HEADER_NBYTES // 8,))]
-        sparse = []
-        for f in fields_for(self.critic_obs_dim):
-            shape = (self.num_envs, *f.row_shape(self.obs_dim, self.critic_obs_dim, self.act_dim))
-            (sparse if f.final else dense).append((f.name, f.dtype, shape))
-        out, off, dense_nbytes = [], 0, 0
-        for group in (dense, sparse):
-            for name, dt, shape in group:
-                fld = SlotField(name, off, dt, shape)
-                out.append(fld)
-                off = _align(off + fld.nbytes)
-            if group is dense:
-                dense_nbytes = off
-        return tuple(out), off, dense_nbytes
-
-    def slot_fields(self) -> tuple[SlotField, ...]:
-        """(name, offset within slot, dtype, shape) of every field, in memory order."""
-        return self._fields[0]
-
-    @property
-    def slot_nbytes(self) -> int:
-        return self._fields[1]
-
-    @property
-    def dense_nbytes(self) -> int:
-        """Bytes at the start of a slot that are always valid (header .. truncated)."""
-        return self._fields[2]
-
-    @property
-    def segment_nbytes(self) -> int:
-        return DATA_OFFSET + self.capacity * self.slot_nbytes
-
-    @functools.cached_property
-    def _sparse_fields(self) -> tuple[tuple[SlotField, int], ...]:
-        """(field, bytes per env row) of the fields after dense_nbytes (final_idx, final_obs, ...)."""
-        return tuple((f, f.nbytes // self.num_envs) for f in self.slot_fields() if f.offset >= self.dense_nbytes)
-
-    def final_rows_layout(self, num_final: int) -> tuple[tuple[SlotField, int, int], ...]:
-        """How copy_out packs a slot's first num_final rows of each sparse field: (field, offset in the
-        packed piece, bytes), each 64-byte aligned. The piece's size is final_rows_nbytes(num_final)."""
-        out, off = [], 0
-        for f, row in self._sparse_fields:
-            out.append((f, off, num_final * row))
-            off = _align(off + num_final * row)
-        return tuple(out)
-
-    def final_rows_nbytes(self, num_final: int) -> int:
-        return sum(_align(num_final * row) for _, row in self._sparse_fields)
-
-    def segment_info(self, job: str, collector_id: int) -> SegmentInfo:
-        table = (tuple((f.name, f.offset, f.dtype.str, f.shape) for f in self.slot_fields()),
-                 RING_WRITE_CURSOR, RING_READ_CURSOR, RING_PRODUCER_PID, RING_CONSUMER_PID, DATA_OFFSET)
-        params = {"num_envs": self.num_envs, "obs_dim": self.obs_dim, "critic_obs_dim": self.critic_obs_dim,
-                  "act_dim": self.act_dim, "capacity": self.capacity, "slot_nbytes": self.slot_nbytes,
-                  "dense_nbytes": self.dense_nbytes}
-        return SegmentInfo(SegmentKind.RING, validate_job_name(job), _check_collector_id(collector_id), params,
-                           "float32", self.segment_nbytes, _digest(table))
-
-
-class SlotView:
-    """Zero-copy numpy views of one ring slot, one attribute per transition field (None for a
-    field the task lacks), built once per slot at attach.
-
-    Valid while the ring is attached. A consumer must copy what it needs before release().
-    """
-    __slots__ = ("index", "raw", "_h", "_dense", "_final", *(f.name for f in FIELDS))
-
-    def __init__(self, index: int, raw: np.ndarray, spec: RingSpec):
-        self.index = index
-        self.raw = raw  # uint8[slot_nbytes]
-        views = {f.name: raw[f.offset:f.offset + f.nbytes].view(f.dtype).reshape(f.shape)
-                 for f in spec.slot_fields()}
-        self._h = views.pop("header")
-        for f in FIELDS:
-            setattr(self, f.name, views.get(f.name))
-        present = fields_for(spec.critic_obs_dim)
-        self._dense = tuple(f.name for f in present if not f.final)
-        self._final = tuple(f.name for f in present if f.final and f.name != "final_idx")
-
-    def write(self, batch: TransitionBatch, weight_version: int, env_step: int, incarnation: int) -> None:
-        """Copy one env-step batch into this slot, every field shape-checked (a wrong shape would
-        broadcast silently). final_obs / final_critic_obs may be the compacted [num_final, dim]
-        rows or the env's full [N, dim] arrays (rows final_idx are gathered). Only num_final
-        rows are copied. Publish with TransitionRing.commit()."""
-        for name in self._dense:
-            _copy(getattr(self, name), getattr(batch, name), name)
-        nf = batch.num_final
-        if nf > len(self.final_idx):
-            raise ShmLayoutError(f"final_idx has {nf} entries but the ring has {len(self.final_idx)} envs")
-        if nf:
-            self.final_idx[:nf] = batch.final_idx
-            for name in self._final:
-                _copy_rows(getattr(self, name), getattr(batch, name), batch.final_idx, nf, name)
-        h = self._h
-        h[HDR["num_final"]], h[HDR["weight_version"]] = nf, weight_version
-        h[HDR["env_step"]], h[HDR["incarnation"]] = env_step, incarnation
-
-    def _get(i):  # noqa: N805 - property factory
-        return property(lambda self: int(self._h[i]), lambda self, v: self._h.__setitem__(i, v))
-
-    weight_version = _get(0)   # actor version the actions were sampled with (producer)
-    env_step = _get(1)         # collector-local env-step batch counter (producer)
-    num_final = _get(2)        # rows valid in final_idx / final_obs / final_critic_obs
-    incarnation = _get(3)      # collector incarnation (restart counter) that produced the slot
-    produced_ns = _get(4)      # time.monotonic_ns() at commit
-    seq = _get(5)              # write-cursor value of this slot (set by commit)
-    del _get
+from fastsac.shm_layout.segment import _incarnation_of, _open_quiet, _Segment, _SegmentHandle, _unlink_quiet
 
 
 class TransitionRing(_SegmentHandle):
@@ -406,6 +230,19 @@ class TransitionRing(_SegmentHandle):
             pos += sp.final_rows_nbytes(nf)
         return k, offsets, pos
 
+    def copy_into(self, buffer: np.ndarray, at: int, max_slots: int) -> StagedSlots:
+        """copy_out() into one flat uint8 buffer from byte `at` on: the dense block first, then the
+        packed final rows, each piece 64-byte aligned; as many of max_slots as fit (at most
+        RingSpec.staging_nbytes per slot). Returns the typed view of the copied slots; its
+        `placed` says where they lie, and where the next copy may start."""
+        sp = self.spec
+        k = min(max_slots, (len(buffer) - at) // sp.staging_nbytes(1))
+        dense = buffer[at:at + k * sp.dense_nbytes].reshape(k, sp.dense_nbytes)
+        finals_at = _align(at + k * sp.dense_nbytes)
+        k, offsets, finals_nbytes = self.copy_out(dense, buffer[finals_at:], k)
+        end = _align(finals_at + finals_nbytes)
+        return StagedSlots(sp, dense[:k], buffer[finals_at:end], offsets, Placement(at, finals_at, end))
+
     def release(self, n: int) -> None:
         """Hand n slots back to the producer; only after their data was copied out."""
         self._need("consumer")
@@ -429,22 +266,3 @@ class TransitionRing(_SegmentHandle):
     def read_cursor(self) -> int:
         return int(self._rc[0])
 
-
-def _copy(dst: np.ndarray, src, name: str) -> None:
-    src = np.asarray(src)
-    if src.shape != dst.shape:  # np.copyto would broadcast a wrong shape silently
-        raise ShmLayoutError(f"{name} has shape {src.shape}; the ring slot expects {dst.shape}")
-    np.copyto(dst, src, casting="same_kind")
-
-
-def _copy_rows(dst: np.ndarray, src, idx, nf: int, name: str) -> None:
-    src = np.asarray(src)
-    if src.shape[1:] != dst.shape[1:]:
-        raise ShmLayoutError(f"{name} has shape {src.shape}; rows of {dst.shape[1:]} expected")
-    if src.shape[0] == nf:  # compacted rows (when nf == N this equals gathering an ascending idx)
-        np.copyto(dst[:nf], src, casting="same_kind")
-    elif src.shape[0] == dst.shape[0]:
-        np.take(src, np.asarray(idx), axis=0, out=dst[:nf])
-    else:
-        raise ShmLayoutError(f"{name} has {src.shape[0]} rows; expected num_final ({nf}) or num_envs "
-                             f"({dst.shape[0]})")

@@ -36,14 +36,24 @@ WTS_SEQ = HEADER_NBYTES + 0 * CACHE_LINE         # writer: learner. even = stabl
 # Lines 1 and 2 hold the writer's and the reader's pids (locks.py).
 
 
-def _wts_info(job: str, collector_id: int, numel: int) -> SegmentInfo:
+def _buffer_stride(numel: int) -> int:
+    """Bytes of one of the two weight buffers: numel float32, page-aligned."""
     if isinstance(numel, bool) or not isinstance(numel, (int, np.integer)) or numel < 1:
         raise ShmLayoutError(f"weight snapshot numel {numel!r} is not valid; expected an integer >= 1")
-    stride = _align(int(numel) * 4, PAGE)
+    return _align(int(numel) * 4, PAGE)
+
+
+def snapshot_nbytes(numel: int) -> int:
+    """Size of a weight snapshot segment of numel float32 weights (the launcher's /dev/shm check)."""
+    return DATA_OFFSET + 2 * _buffer_stride(numel)
+
+
+def _wts_info(job: str, collector_id: int, numel: int) -> SegmentInfo:
+    stride = _buffer_stride(numel)
     table = (WTS_SEQ, WTS_WRITER_PID, WTS_READER_PID, DATA_OFFSET, "buffers=2")
     owner = EVALUATOR_ID if collector_id == EVALUATOR_ID else _check_collector_id(collector_id)
     return SegmentInfo(SegmentKind.WTS, validate_job_name(job), owner,
-                       {"numel": int(numel), "buffer_stride": stride}, "float32", DATA_OFFSET + 2 * stride,
+                       {"numel": int(numel), "buffer_stride": stride}, "float32", snapshot_nbytes(numel),
                        _digest(table))
 
 

@@ -3,12 +3,14 @@ cross-process stress test (>= 100k stamped slots: none lost, duplicated, reorder
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from support.ring_slots import check_slot, check_staging, copy_out_as_slots, push, slot_dtype, stamped
 
 from fastsac import shm_layout as L
+from fastsac.config import Config
 
 INC = 0x1234_5678_9ABC_DEF0  # a job incarnation for tests that run without a control block
 SMALL = L.RingSpec(num_envs=4, obs_dim=3, critic_obs_dim=2, act_dim=2, capacity=16)
@@ -172,6 +174,40 @@ def test_copy_out_moves_dense_part_and_num_final_rows(job_name):
         assert cons.read_cursor == 21
     finally:
         prod.close(), cons.close()
+
+
+def test_copy_into_stages_typed_slots_at_their_placement(job_name):
+    """copy_into packs slots into one flat buffer; StagedSlots reads stamps, fields and final rows
+    back, and a twin of the buffer (the learner's device copy) gives the same batches."""
+    prod = L.TransitionRing.create(job_name, 0, SMALL, INC)
+    cons = L.TransitionRing.attach(job_name, 0, SMALL, "consumer")
+    try:
+        for k in range(7):
+            assert push(prod, stamped(SMALL, k))
+        buffer = np.zeros(SMALL.staging_nbytes(8) + 64, np.uint8)
+        slots = cons.copy_into(buffer, 64, 8)
+        assert slots.k == 7 and slots.placed.dense_at == 64 and slots.placed.end <= len(buffer)
+        assert slots.placed.end - 64 <= SMALL.staging_nbytes(7)
+        assert not slots.nonfinite().any() and slots.flags_are_binary()
+        twin = slots.twin(buffer.copy(), lambda dtype: dtype)
+        for j, (batch, again) in enumerate(zip(slots.batches(), twin.batches())):
+            exp = stamped(SMALL, j)
+            assert slots.stamps(j) == (j // 7, j, len(exp["final_idx"]), 3, slots.stamps(j).produced_ns, j)
+            np.testing.assert_array_equal(slots.ended_envs(j), np.flatnonzero(exp["terminated"] | exp["truncated"]))
+            for name in ("obs", "critic_obs", "actions", "rewards", "final_idx", "final_obs", "final_critic_obs"):
+                np.testing.assert_array_equal(getattr(batch, name), exp[name], err_msg=name)
+                np.testing.assert_array_equal(getattr(again, name), exp[name], err_msg=name)
+        slots.field("rewards")[3, 1] = np.nan      # a typed view writes through to the staged bytes
+        assert slots.nonfinite().tolist() == [j == 3 for j in range(7)]
+    finally:
+        prod.close(), cons.close()
+
+
+def test_job_ring_spec_is_the_rings_of_the_jobs_collectors():
+    cfg = Config()
+    cfg.trainer.async_options.ring_capacity = 5
+    dims = SimpleNamespace(obs_dim=3, critic_obs_dim=2, act_dim=2)
+    assert L.job_ring_spec(cfg, dims, 4) == L.RingSpec(num_envs=4, obs_dim=3, critic_obs_dim=2, act_dim=2, capacity=5)
 
 
 def test_close_with_live_views_keeps_memory_valid(job_name):

@@ -103,7 +103,8 @@ class Size:
         low, high = torch.as_tensor(self.low), torch.as_tensor(self.high)
         out = []
         for _ in range(NUM_BATCHES):
-            b = {"obs": torch.randn(n, self.obs_dim, generator=g), "next_obs": torch.randn(n, self.obs_dim, generator=g),
+            b = {"obs": torch.randn(n, self.obs_dim, generator=g),
+                 "next_obs": torch.randn(n, self.obs_dim, generator=g),
                  "actions": low + torch.rand(n, self.act_dim, generator=g) * (high - low),
                  "rewards": torch.randn(n, generator=g), "discount": torch.full((n,), self.cfg.algo.gamma),
                  "bootstrap": torch.ones(n), "critic_obs": None, "next_critic_obs": None}
@@ -286,7 +287,8 @@ def device_run(name: str, device: str, mode: str, updates: int) -> dict:
     sync()
     ms = (time.perf_counter() - t0) / updates * 1e3
     if not agent.compiled or agent.compile_fallback_reason is not None:
-        path = "eager" if agent.compile_fallback_reason is None else f"eager (fallback: {agent.compile_fallback_reason})"
+        reason = agent.compile_fallback_reason
+        path = "eager" if reason is None else f"eager (fallback: {reason})"
     else:
         path = "compiled+cudagraphs" if mode == "cudagraphs" else "compiled"
     agent.close()

@@ -223,7 +223,8 @@ class FastSAC:
             next_log_prob = torch.cat([lp for _, lp in sampled]).float()
             # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
             soft_next = self.critic.support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)    # [B, N]
-            target_atoms = batch["rewards"].unsqueeze(1) + (batch["discount"] * batch["bootstrap"]).unsqueeze(1) * soft_next
+            scale = (batch["discount"] * batch["bootstrap"]).unsqueeze(1)
+            target_atoms = batch["rewards"].unsqueeze(1) + scale * soft_next
             next_x = self.critic.joint_input(self._critic_input(next_obs, batch.get("next_critic_obs")), next_action)
         x = self.critic.joint_input(critic_in, self.actor.to_unit(batch["actions"]))
         # each net learns its own target distribution; the losses add up over the two nets

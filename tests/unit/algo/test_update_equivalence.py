@@ -99,7 +99,8 @@ def run_both(critic_obs_dim: int, threads: int, **kw):
 
 
 @pytest.mark.parametrize("critic_obs_dim,threads,extra", [
-    (0, 1, {}), (0, 2, {}), (4, 2, {}), (0, 2, {"max_grad_norm": 0.5}), (0, 1, {"num_atoms": 51, "policy_frequency": 1}),
+    (0, 1, {}), (0, 2, {}), (4, 2, {}), (0, 2, {"max_grad_norm": 0.5}),
+    (0, 1, {"num_atoms": 51, "policy_frequency": 1}),
 ])
 def test_update_matches_the_reference_update(critic_obs_dim, threads, extra):
     new, ref_agent, losses, (g_new, g_ref) = run_both(critic_obs_dim, threads, **extra)

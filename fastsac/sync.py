@@ -25,7 +25,7 @@ from fastsac.run.eval_episodes import InlineEvaluator
 from fastsac.run.schedule import RunSchedule
 from fastsac.run.telemetry import Telemetry
 from fastsac.run.thread_tuner import ThreadTuner
-from fastsac.run.torch_runtime import configure_torch, resolve_device
+from fastsac.run.torch_runtime import configure_torch, open_device
 
 
 def train_sync(cfg: Config) -> int:
@@ -34,8 +34,9 @@ def train_sync(cfg: Config) -> int:
     # checkpoint, exit 0. Installed before torch and the envs run, so a stop while they build (C++
     # that calls Python) is recorded, never raised
     stop = StopSignal().install()
-    device = resolve_device(cfg.device)
     configure_torch()   # the threads stay: stepping and learning alternate on every CPU we may use
+    # the device made current before any other CUDA call, TF32 as configured (algo.tf32), and named
+    device = open_device(cfg.device, tf32=cfg.algo.tf32, log=lambda m: print(f"fastsac sync: {m}", flush=True))
     torch.manual_seed(learner_torch_seed(cfg.seed))
     n = cfg.env.num_envs
     # stepping and learning alternate in this process: physics may use every CPU it can run on

@@ -200,7 +200,7 @@ class Collector:
             if steps % self.ao.weight_poll_interval == 0:
                 if self._poll_weights():
                     learned_batches = self.ctl.learner["env_steps"] // cfg.env.num_envs
-                t0 = timer.add("sync", t0)
+                t0 = timer.add("sync", t0)   # the weight sync stage (shm_layout.control.STAGES)
             if self.weight_version == 0 or max(steps, learned_batches) < cfg.algo.learning_starts:
                 actions = self.rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
             else:

@@ -3,12 +3,12 @@ spawned (torch-free; ConfigError = exit 2, naming the key to change and the larg
 
 What the job takes (host memory):
   * every process: PROCESS_BASE_BYTES (interpreter, numpy, torch, env libraries);
-  * the training envs, env.num_envs of them in all, at fastsac.envs.memory's bytes per env (a
+  * the training envs, env.num_envs of them in all, at fastsac.envs.env_memory's bytes per env (a
     table for the built-in tasks, a probe process for the others);
   * the eval envs (eval.interval > 0): min(eval.num_envs, eval.episodes), the same size;
   * a learner on the CPU: the replay buffer, the networks and one update's working set (on a GPU
     they are checked against that GPU's free memory instead: fastsac.launch.gpu_memory).
-What it may use (fastsac.machine.memory): MemAvailable and the cgroup's limit (v2 or v1), and
+What it may use (fastsac.machine.memory_available): MemAvailable and the cgroup's limit (v2 or v1), and
 for collectors bound with --membind each node's free memory, which their envs must fit alone.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from fastsac.algo.policy_layout import actor_widths, critic_widths, policy_flat_numel
 from fastsac.config import Config, ConfigError
-from fastsac.envs.memory import PROCESS_BASE_BYTES, bytes_per_env
+from fastsac.envs.env_memory import PROCESS_BASE_BYTES, bytes_per_env
 from fastsac.launch.preflight import gib, visible_gpu_count
-from fastsac.machine.memory import available_memory
+from fastsac.machine.memory_available import available_memory
 from fastsac.run import eval_episodes
 
 

@@ -25,7 +25,7 @@ from fastsac.common.pacing import restart_delay
 from fastsac.common.stopping import StopSignal
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.launch.evaluator_watch import EvaluatorWatch
-from fastsac.machine import memory
+from fastsac.machine import memory_available
 from fastsac.machine.learner_plan import describe_learner
 from fastsac.machine.plan_output import plan_to_json
 from fastsac.machine.topology import format_cpulist
@@ -99,7 +99,7 @@ class Supervisor:
         child.exit_code = None
         child.hung_killed = child.killed_by_us = False
         child.started_at = time.monotonic()
-        child.oom_counts, child.rss = memory.oom_kill_counts(), None   # the children share our cgroup
+        child.oom_counts, child.rss = memory_available.oom_kill_counts(), None   # the children share our cgroup
         if child.plan.role == "collector":
             self.ctl.supervisor(child.plan.collector_id).update(
                 launched_pid=child.proc.pid, launched_ns=time.monotonic_ns(), restarts=child.restarts,
@@ -292,14 +292,14 @@ class Supervisor:
     def _sample_rss(self, c: Child, now: float) -> None:
         if now - c.rss_at >= RSS_SAMPLE_S:
             # a process being killed reads as gone (a zombie has no VmRSS): keep the last reading
-            c.rss, c.rss_at = memory.resident_bytes(c.proc.pid) or c.rss, now
+            c.rss, c.rss_at = memory_available.resident_bytes(c.proc.pid) or c.rss, now
 
     def _out_of_memory(self, c: Child, rc: int) -> bool:
         """A collector that died by a SIGKILL not ours while an OOM-kill counter rose was killed
         for memory: restarting it would repeat the death, so the job stops (exit 1) saying so."""
         if rc != -signal.SIGKILL or c.killed_by_us:
             return False
-        evidence = memory.oom_evidence(c.oom_counts, memory.oom_kill_counts())
+        evidence = memory_available.oom_evidence(c.oom_counts, memory_available.oom_kill_counts())
         if evidence is None:
             return False
         rss = f"; {c.rss / 2**30:.2f} GiB resident at the last sample" if c.rss else ""

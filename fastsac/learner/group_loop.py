@@ -34,7 +34,7 @@ from fastsac.common.seeds import learner_torch_seed
 from fastsac.common.stopping import StopSignal
 from fastsac.learner.distributed import DistributedError, LearnerGroup
 from fastsac.learner.loop import ATTACH_RETRY_S, Learner, StartState
-from fastsac.learner.telemetry import LearnerTelemetry
+from fastsac.learner.learner_telemetry import LearnerTelemetry
 from fastsac.machine.ranks import node_of
 from fastsac.process.setup import log
 from fastsac.run import state as run_state

@@ -24,7 +24,7 @@ from fastsac.learner.eval_link import LearnerEval
 from fastsac.learner.feed import CollectorFeed, FeedFault
 from fastsac.learner.gpu_sync import ChunkTimer, WeightCopy
 from fastsac.learner.staging import IngestStaging
-from fastsac.learner.telemetry import LearnerTelemetry
+from fastsac.learner.learner_telemetry import LearnerTelemetry
 from fastsac.process.setup import log
 from fastsac.run import state as run_state
 from fastsac.run.schedule import RunSchedule

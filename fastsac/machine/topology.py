@@ -117,7 +117,7 @@ class NumaNode:
     mem_allowed: bool = True
     has_memory: bool = True
     mem_total_kb: int | None = None
-    mem_available_kb: int | None = None   # MemFree + Inactive(file) at discovery (fastsac.machine.memory)
+    mem_available_kb: int | None = None   # MemFree + Inactive(file) at discovery (fastsac.machine.memory_available)
     distances: tuple[int, ...] = ()
 
     @property

@@ -27,11 +27,11 @@ Modules, each importing only those above it:
   snapshot      weight snapshot (seqlock double buffer)
   eval_channel  the evaluator's channel: its liveness and its newest result (seqlock)
   control       control block: records, roles, stop flag, collector stats
-  cli           `python -m fastsac.shm_layout list|clean` (low-level; see __main__)
+  segments_cli  `python -m fastsac.shm_layout list|clean` (low-level; see __main__)
 Import the public names from the package (`from fastsac import shm_layout as shm`).
 """
 from fastsac.shm_layout.cleanup import find_stale_segments, format_stale_report, unlink_job_segments
-from fastsac.shm_layout.cli import main
+from fastsac.shm_layout.segments_cli import main
 from fastsac.shm_layout.common import (
     DATA_OFFSET,
     EVALUATOR_ID,
@@ -77,7 +77,6 @@ from fastsac.shm_layout.launch_guard import LaunchLockError, launch_lock_dir
 from fastsac.shm_layout.locks import CTL_LAUNCHER, RING_CONSUMER_PID, RING_PRODUCER_PID, job_is_alive
 from fastsac.shm_layout.ring import TransitionRing
 from fastsac.shm_layout.ring_layout import (
-    HDR,
     RING_READ_CURSOR,
     RING_WRITE_CURSOR,
     SLOT_HEADER_NBYTES,
@@ -85,7 +84,6 @@ from fastsac.shm_layout.ring_layout import (
     SlotView,
     StagedSlots,
     job_ring_spec,
-    staged_headers,
 )
 from fastsac.shm_layout.segment import HEADER_DTYPE
 from fastsac.shm_layout.snapshot import WeightSnapshot, snapshot_nbytes
@@ -93,7 +91,7 @@ from fastsac.shm_layout.snapshot import WeightSnapshot, snapshot_nbytes
 # What the rest of fastsac, its tests and benchmarks use; the other names stay in their modules.
 __all__ = [
     "COLLECTOR_DTYPE", "CTL_COLLECTORS", "CTL_INGEST", "CTL_LAUNCHER", "CTL_LEARNER", "CTL_NBYTES",
-    "CTL_SUPERVISOR", "ControlBlock", "DATA_OFFSET", "EVALUATOR_ID", "EvalChannel", "HDR", "HEADER_DTYPE",
+    "CTL_SUPERVISOR", "ControlBlock", "DATA_OFFSET", "EVALUATOR_ID", "EvalChannel", "HEADER_DTYPE",
     "HEADER_NBYTES", "INGEST_DTYPE", "LAUNCHER_DTYPE", "LAYOUT_VERSION", "LEARNER_DTYPE", "LaunchLockError",
     "MAX_COLLECTORS", "MAX_LEARNERS", "PREFIX", "ProcState", "RING_CONSUMER_PID", "RING_PRODUCER_PID",
     "RING_READ_CURSOR", "RING_WRITE_CURSOR", "RingSpec", "SHM_DIR", "SLOT_HEADER_NBYTES", "STAGES",
@@ -101,5 +99,5 @@ __all__ = [
     "StagedSlots", "StopReason", "SupervisorState", "TransitionRing", "UNSAFE_ENV", "WeightSnapshot",
     "ctl_name", "eval_name", "find_stale_segments", "format_stale_report", "job_is_alive", "job_ring_spec",
     "launch_lock_dir", "main", "parse_segment_name", "ring_name", "segment_exists", "shm_free_bytes",
-    "snapshot_nbytes", "staged_headers", "unlink_job_segments", "validate_job_name", "wts_name",
+    "snapshot_nbytes", "unlink_job_segments", "validate_job_name", "wts_name",
 ]

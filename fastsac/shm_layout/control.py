@@ -96,7 +96,10 @@ LEARNER_DTYPE = _record([
 ], 128)
 
 # Collector stats: cumulative; published under the record's stats_seq (see write_collector_stats).
-# The collector loop's stages, in loop order; each has a cumulative "<stage>_ns" stats field.
+# The collector loop's stages, in loop order; each has a cumulative "<stage>_ns" stats field and
+# a metric perf/collector_<stage>_ms. "sync" is the weight sync (poll the snapshot, load newer
+# weights), nothing to do with the synchronous trainer (fastsac.sync); the name is kept because
+# the stats field and the metric carry it.
 STAGES = ("sample_actions", "env_step", "push", "sync", "wait")
 STATS_FIELDS: tuple[tuple[str, str], ...] = (
     ("episodes", "<i8"),           # episodes finished

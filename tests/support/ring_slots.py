@@ -107,7 +107,7 @@ def copy_out_as_slots(cons: L.TransitionRing, max_slots: int) -> np.ndarray:
     out[:, :spec.dense_nbytes] = dense[:k]
     for j, pos in enumerate(offsets):
         if pos >= 0:
-            nf = int(L.staged_headers(dense, k)[j, L.HDR["num_final"]])
+            nf = L.StagedSlots(spec, dense[:k], finals, offsets).stamps(j).num_final
             for f, off, nbytes in spec.final_rows_layout(nf):
                 out[j, f.offset:f.offset + nbytes] = finals[pos + off:pos + off + nbytes]
     return out

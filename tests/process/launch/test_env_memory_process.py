@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from support.e2e_helpers import job_segments, tiny_config
 
-from fastsac.envs import memory as env_memory
-from fastsac.machine import memory
+from fastsac.envs import env_memory
+from fastsac.machine import memory_available as memory
 
 HOOKS_DIR = Path(__file__).resolve().parents[2] / "support" / "fault_hooks"
 FAT = "memory_envs:FatPendulum"
@@ -39,7 +39,7 @@ def hooks_env() -> dict:
 def test_the_table_of_bytes_per_env_holds_for_each_built_in_task(task):
     if task != "pendulum":
         pytest.importorskip("mujoco", reason=f"{task} needs the mujoco extra (pip install 'fastsac[mujoco]')")
-    proc = subprocess.run([sys.executable, "-m", "fastsac.envs.memory", task, "0", str(MEASURED_ON[task])],
+    proc = subprocess.run([sys.executable, "-m", "fastsac.envs.env_memory", task, "0", str(MEASURED_ON[task])],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     measured = json.loads(proc.stdout.splitlines()[-1])["bytes_per_env"]

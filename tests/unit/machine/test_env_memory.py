@@ -10,7 +10,7 @@ from support.fake_sysfs import two_nodes
 from fastsac.config import ConfigError, config_from_dict
 from fastsac.envs.registry import EnvSpec
 from fastsac.launch.memory_check import check_memory
-from fastsac.machine import memory
+from fastsac.machine import memory_available as memory
 from fastsac.machine.plan import plan_job
 from fastsac.machine.topology import discover_topology
 

@@ -3,7 +3,7 @@
 Built-in tasks: a table (KNOWN_BYTES_PER_ENV), measured with `measure_bytes_per_env` and
 checked against a fresh measurement by tests/process/launch/test_env_memory_process.py. Every other task (gymnasium:,
 envpool:, module:Class) is measured at start-up in a child process (`python -m
-fastsac.envs.memory`): it builds one env, then 1 + PROBE_ENVS more, resets and steps them a few
+fastsac.envs.env_memory`): it builds one env, then 1 + PROBE_ENVS more, resets and steps them a few
 times (EnvPool allocates per env as its envs first run), and reports the resident-memory growth per
 env. The child goes away with what it allocated; the launcher never holds those envs.
 
@@ -65,7 +65,7 @@ def bytes_per_env(name: str, max_episode_steps: int = 0) -> tuple[int | None, st
     """(bytes per env, where the number comes from); None when a probe could not measure it."""
     if name in BUILTIN_ENVS:
         return KNOWN_BYTES_PER_ENV[name], "fastsac's table for the built-in task"
-    cmd = [sys.executable, "-m", "fastsac.envs.memory", name, str(max_episode_steps)]
+    cmd = [sys.executable, "-m", "fastsac.envs.env_memory", name, str(max_episode_steps)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -78,7 +78,7 @@ def bytes_per_env(name: str, max_episode_steps: int = 0) -> tuple[int | None, st
         return None, f"the probe failed (exit {proc.returncode}: {tail})"
 
 
-if __name__ == "__main__":   # python -m fastsac.envs.memory TASK [MAX_EPISODE_STEPS [NUM_ENVS]]
+if __name__ == "__main__":   # python -m fastsac.envs.env_memory TASK [MAX_EPISODE_STEPS [NUM_ENVS]]
     task = sys.argv[1]
     steps, envs = (int(sys.argv[2]) if len(sys.argv) > 2 else 0), (int(sys.argv[3]) if len(sys.argv) > 3 else PROBE_ENVS)
     print(json.dumps({"bytes_per_env": measure_bytes_per_env(task, steps, envs)}))

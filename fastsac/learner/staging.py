@@ -80,7 +80,7 @@ class IngestStaging:
         """Copy up to max_slots of the feed's ready slots into the buffer (not released yet)."""
         k = min(feed.available(), max_slots)   # only the learner releases: k slots stay ready
         slots = feed.ring.copy_into(self.host_np, self.used, k)
-        self.used = slots.placed.end
+        self.used = slots.span.end
         return StagedRun(feed, slots)
 
     def dense_rows(self, run: StagedRun) -> np.ndarray:
@@ -91,7 +91,7 @@ class IngestStaging:
 
     def rewind(self, run: StagedRun) -> None:
         """Forget a run (its collector was dropped): the next one overwrites its bytes."""
-        self.used = run.slots.placed.dense_at
+        self.used = run.slots.span.dense_at
 
     def send(self) -> None:
         """ONE host->device copy of everything staged this round (non-blocking from pinned memory)."""

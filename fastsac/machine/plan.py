@@ -3,7 +3,9 @@
 `plan_job(cfg, topo, ...)` is a pure function of the config, the discovered Topology and the
 launch parameters: no process is started and nothing is read from the machine (numactl's
 location is looked up on PATH unless given). The launcher executes the plan; `--plan` prints
-it with `fastsac.machine.plan_output.format_plan`; tests check it field by field.
+it with `fastsac.machine.plan_output.format_plan`; tests check it field by field. It decides
+first (`_decide`: binding, devices, nodes, CPUs, threads, notes) and then renders the decision
+(`_render`, with the command lines of fastsac.machine.commands).
 
 Rules (the why is in docs/placement.md):
   * binding   'off': no numactl, no binding, every process on all allowed CPUs (node None).
@@ -47,7 +49,7 @@ from fastsac.common.seeds import collector_seed, resolve_eval_seed
 from fastsac.config import AsyncOptions, Config, ConfigError, check_binding_keys, placement_keys_set
 from fastsac.machine import devices as dv
 from fastsac.machine import learner_plan as lp
-from fastsac.machine.binding import thread_env
+from fastsac.machine.commands import ChildCommands, child_env
 from fastsac.machine.topology import NumaNode, Topology, format_cpulist
 
 __all__ = [
@@ -391,11 +393,6 @@ def _env_blocks(cfg: Config) -> tuple[tuple[int, int], ...]:
     return blocks
 
 
-def _env_for(threads: int) -> tuple[tuple[str, str], ...]:
-    """A child's extra environment: its thread-pool sizes and the GPU numbering the plan assumes."""
-    return tuple(sorted({**thread_env(threads), dv.DEVICE_ORDER_ENV[0]: dv.DEVICE_ORDER_ENV[1]}.items()))
-
-
 def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[str] = (),
              python: str = sys.executable, numactl_path: str | None | _Which = _WHICH,
              torch_build: dv.TorchBuild | None = None) -> JobPlan:
@@ -407,71 +404,91 @@ def plan_job(cfg: Config, topo: Topology, config_path: str, overrides: Sequence[
     (default: read from its files), named in the reason of a GPU chosen by `auto`.
     """
     numactl = shutil.which("numactl") if isinstance(numactl_path, _Which) else numactl_path
-    ao = cfg.trainer.async_options
-    n = ao.num_collectors
     blocks = _env_blocks(cfg)
-    overrides = [str(o) for o in overrides]
+    decision = _decide(cfg, topo, numactl, torch_build)
+    commands = ChildCommands(decision.method, numactl, python, config_path, tuple(str(o) for o in overrides), topo)
+    return _render(cfg, decision, blocks, commands)
+
+
+@dataclass
+class _Placement:
+    """Where the learners and collectors run: a node (None when binding is off) and CPUs each."""
+    learner_nodes: list
+    learner_cpu_sets: list
+    collector_nodes: list
+    collector_cpus: list          # each collector's CPU slice
+    name: str                     # 'explicit', 'spread', 'colocate', or 'none' when binding is off
+
+
+@dataclass
+class _Decision:
+    """Everything plan_job decides before any command line is written (_render writes them)."""
+    method: BindingMethod
+    choices: list                 # each local learner's device choice (devices.learner_device_choices)
+    where: _Placement
+    owner: list                   # the learner (local index) each collector feeds
+    evaluator_cpus: tuple[int, ...] | None
+    threads: "_ThreadCounts"
+    notes: list[str]
+
+
+def _decide(cfg: Config, topo: Topology, numactl: str | None, torch_build: dv.TorchBuild | None) -> _Decision:
+    ao = cfg.trainer.async_options
     notes: list[str] = []
     method = _resolve_binding(ao, numactl, topo, notes)
     choices = dv.learner_device_choices(cfg, topo, torch_build or dv.installed_torch())
-    devices = [c.device for c in choices]
-
-    learner_nodes, learner_cpu_sets, nodes, slices, placement = _placement(cfg, topo, method, devices, notes)
-    learner_node = learner_nodes[0]
+    where = _placement(cfg, topo, method, [c.device for c in choices], notes)
     notes[:] = list(dict.fromkeys(notes))   # several learners on one node would repeat its notes
-    owner = lp.assign_collectors(cfg, learner_nodes, nodes)
+    owner = lp.assign_collectors(cfg, where.learner_nodes, where.collector_nodes)
     # a job's evaluator runs next to learner rank 0 (rank 0 logs its results); other machines plan none
-    evaluator_cpus, learner_cpu_sets[0] = _evaluator_cpus(cfg, method, tuple(learner_cpu_sets[0]), notes)
-
-    def argv_for(module: str, node: int | None, cpus: tuple[int, ...], extra: list[str]) -> tuple[str, ...]:
-        prefix: list[str] = []
-        bind: list[str] = []
-        if method == "numactl":
-            whole = set(cpus) == set(topo.node(node).cpus)
-            prefix = [numactl, f"--cpunodebind={node}" if whole else f"--physcpubind={format_cpulist(cpus)}",
-                      f"--membind={node}"]
-        elif method == "inprocess":
-            bind = ["--bind-node", str(node), "--bind-cpus", format_cpulist(cpus)]
-        return tuple([*prefix, python, "-m", module, "--config", config_path, *extra, *bind, *overrides])
-
-    count = _thread_counts(method, topo, n, learner_cpu_sets, slices, evaluator_cpus)
-
-    several = len(devices) > 1
-    learners = tuple(
-        LearnerPlan(role="learner", node=learner_nodes[k], cpus=learner_cpu_sets[k], binding=method,
-                    device=devices[k], device_reason=choices[k].reason, seed=cfg.seed, learner_index=k,
-                    global_rank=rank, node_rank=cfg.distributed.node_rank, several=several,
-                    argv=argv_for(LEARNER_MODULE, learner_nodes[k], learner_cpu_sets[k],
-                                  [lp.LEARNER_INDEX_ARG, str(k)] if several else []),
-                    threads=count.learners[k], env=_env_for(count.learners[k]))
-        for k, rank in enumerate(lp.ranks(cfg)))
-    evaluator = None if evaluator_cpus is None else ProcessPlan(
-        role="evaluator", node=learner_node, cpus=evaluator_cpus, binding=method, device="cpu",
-        device_reason="the evaluator runs its episodes on the CPU", seed=resolve_eval_seed(cfg),
-        argv=argv_for(EVALUATOR_MODULE, learner_node, evaluator_cpus, []), threads=count.evaluator,
-        env=_env_for(count.evaluator))
-    manual = set(ao.manual_collectors)
-    inference = [dv.collector_device_choice(ao.collector_inference_device, devices[owner[i]], owner[i], several, topo)
-                 for i in range(n)]
-    collectors = tuple(
-        CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=tuple(slices[i]), binding=method,
-                      device=inference[i].device, device_reason=inference[i].reason, seed=collector_seed(cfg.seed, i),
-                      env_first=blocks[i][0], env_count=blocks[i][1], manual=i in manual, learner_index=owner[i],
-                      argv=argv_for(COLLECTOR_MODULE, nodes[i], tuple(slices[i]), ["--collector-id", str(i)]),
-                      threads=count.collectors[i], env=_env_for(count.collectors[i]))
-        for i in range(n))
+    evaluator_cpus, where.learner_cpu_sets[0] = _evaluator_cpus(cfg, method, tuple(where.learner_cpu_sets[0]), notes)
+    threads = _thread_counts(method, topo, ao.num_collectors, where.learner_cpu_sets, where.collector_cpus,
+                             evaluator_cpus)
+    manual = sorted(set(ao.manual_collectors))
     if manual:
         many = len(manual) > 1
-        notes.append(f"collector{'s' if many else ''} {_ids(sorted(manual))} must be started by hand with the "
+        notes.append(f"collector{'s' if many else ''} {_ids(manual)} must be started by hand with the "
                      f"command shown; the launcher waits for {'them' if many else 'it'}")
-    return JobPlan(learners=learners, collectors=collectors, binding=method, requested_binding=ao.numa_binding,
-                   placement=placement, numactl=numactl if method == "numactl" else None,
-                   config_path=config_path, topology=topo, notes=tuple(notes), evaluator=evaluator,
+    return _Decision(method, choices, where, owner, evaluator_cpus, threads, notes)
+
+
+def _render(cfg: Config, d: _Decision, blocks: tuple[tuple[int, int], ...], cmd: ChildCommands) -> JobPlan:
+    """The JobPlan of a decision: every process with its command line and environment."""
+    ao, where, count = cfg.trainer.async_options, d.where, d.threads
+    devices = [c.device for c in d.choices]
+    several = len(devices) > 1
+    learners = tuple(
+        LearnerPlan(role="learner", node=where.learner_nodes[k], cpus=where.learner_cpu_sets[k], binding=d.method,
+                    device=devices[k], device_reason=d.choices[k].reason, seed=cfg.seed, learner_index=k,
+                    global_rank=rank, node_rank=cfg.distributed.node_rank, several=several,
+                    argv=cmd.argv(LEARNER_MODULE, where.learner_nodes[k], where.learner_cpu_sets[k],
+                                  [lp.LEARNER_INDEX_ARG, str(k)] if several else []),
+                    threads=count.learners[k], env=child_env(count.learners[k]))
+        for k, rank in enumerate(lp.ranks(cfg)))
+    node = where.learner_nodes[0]
+    evaluator = None if d.evaluator_cpus is None else ProcessPlan(
+        role="evaluator", node=node, cpus=d.evaluator_cpus, binding=d.method, device="cpu",
+        device_reason="the evaluator runs its episodes on the CPU", seed=resolve_eval_seed(cfg),
+        argv=cmd.argv(EVALUATOR_MODULE, node, d.evaluator_cpus, []), threads=count.evaluator,
+        env=child_env(count.evaluator))
+    inference = [dv.collector_device_choice(ao.collector_inference_device, devices[d.owner[i]], d.owner[i], several,
+                                            cmd.topology) for i in range(ao.num_collectors)]
+    nodes, cpus = where.collector_nodes, [tuple(c) for c in where.collector_cpus]
+    collectors = tuple(
+        CollectorPlan(role="collector", collector_id=i, node=nodes[i], cpus=cpus[i], binding=d.method,
+                      device=inference[i].device, device_reason=inference[i].reason, seed=collector_seed(cfg.seed, i),
+                      env_first=blocks[i][0], env_count=blocks[i][1], manual=i in ao.manual_collectors,
+                      learner_index=d.owner[i], threads=count.collectors[i], env=child_env(count.collectors[i]),
+                      argv=cmd.argv(COLLECTOR_MODULE, nodes[i], cpus[i], ["--collector-id", str(i)]))
+        for i in range(ao.num_collectors))
+    return JobPlan(learners=learners, collectors=collectors, binding=d.method, requested_binding=ao.numa_binding,
+                   placement=where.name, numactl=cmd.numactl if d.method == "numactl" else None,
+                   config_path=cmd.config_path, topology=cmd.topology, notes=tuple(d.notes), evaluator=evaluator,
                    world_size=lp.world_size(cfg))
 
 
-def _placement(cfg: Config, topo: Topology, method: str, devices: list, notes: list[str]):
-    """(each learner's node and CPUs, each collector's node and CPU slice, the placement name)."""
+def _placement(cfg: Config, topo: Topology, method: str, devices: list, notes: list[str]) -> _Placement:
+    """Each learner's node and CPUs, each collector's node and CPU slice, the placement name."""
     ao, n = cfg.trainer.async_options, cfg.trainer.async_options.num_collectors
     if method == "off":
         have = len(topo.allowed_cpus)
@@ -495,7 +512,7 @@ def _placement(cfg: Config, topo: Topology, method: str, devices: list, notes: l
         learner_cpu_sets = _learners_cpus(topo, learner_nodes, nodes, slices, notes) if len(devices) > 1 \
             else [tuple(learner_cpus)]
         _note_idle_cpus(topo, nodes, slices, learner_node, {c for s in learner_cpu_sets for c in s}, notes)
-    return learner_nodes, learner_cpu_sets, nodes, slices, placement
+    return _Placement(learner_nodes, learner_cpu_sets, nodes, slices, placement)
 
 
 @dataclass(frozen=True)

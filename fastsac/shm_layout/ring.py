@@ -20,7 +20,7 @@ from fastsac.shm_layout.locks import (
     RING_CONSUMER_LOCK, RING_CONSUMER_PID, RING_PRODUCER_LOCK, RING_PRODUCER_PID, read_pid,
 )
 from fastsac.shm_layout.ring_layout import (
-    HDR, RING_READ_CURSOR, RING_WRITE_CURSOR, Placement, RingSpec, SlotView, StagedSlots, staged_headers,
+    HDR, RING_READ_CURSOR, RING_WRITE_CURSOR, RingSpec, SlotView, StagedSlots, StagingSpan, staged_headers,
 )
 from fastsac.shm_layout.segment import _incarnation_of, _open_quiet, _Segment, _SegmentHandle, _unlink_quiet
 
@@ -234,14 +234,14 @@ class TransitionRing(_SegmentHandle):
         """copy_out() into one flat uint8 buffer from byte `at` on: the dense block first, then the
         packed final rows, each piece 64-byte aligned; as many of max_slots as fit (at most
         RingSpec.staging_nbytes per slot). Returns the typed view of the copied slots; its
-        `placed` says where they lie, and where the next copy may start."""
+        `span` says where they lie, and where the next copy may start."""
         sp = self.spec
         k = min(max_slots, (len(buffer) - at) // sp.staging_nbytes(1))
         dense = buffer[at:at + k * sp.dense_nbytes].reshape(k, sp.dense_nbytes)
         finals_at = _align(at + k * sp.dense_nbytes)
         k, offsets, finals_nbytes = self.copy_out(dense, buffer[finals_at:], k)
         end = _align(finals_at + finals_nbytes)
-        return StagedSlots(sp, dense[:k], buffer[finals_at:end], offsets, Placement(at, finals_at, end))
+        return StagedSlots(sp, dense[:k], buffer[finals_at:end], offsets, StagingSpan(at, finals_at, end))
 
     def release(self, n: int) -> None:
         """Hand n slots back to the producer; only after their data was copied out."""

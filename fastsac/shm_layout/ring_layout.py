@@ -262,7 +262,7 @@ class SlotStamps(NamedTuple):
     seq: int
 
 
-class Placement(NamedTuple):
+class StagingSpan(NamedTuple):
     """Where TransitionRing.copy_into() put k slots in its buffer: [dense_at, finals_at) the dense
     block, [finals_at, end) the packed final rows; the next slots may start at end."""
     dense_at: int
@@ -286,9 +286,9 @@ class StagedSlots:
     """
 
     def __init__(self, spec: RingSpec, dense: Any, finals: Any, offsets: list[int],
-                 placed: Placement | None = None, headers: np.ndarray | None = None,
+                 span: StagingSpan | None = None, headers: np.ndarray | None = None,
                  dtype_of: Callable[[np.dtype], Any] = _numpy_dtype):
-        self.spec, self.dense, self.finals, self.offsets, self.placed = spec, dense, finals, list(offsets), placed
+        self.spec, self.dense, self.finals, self.offsets, self.span = spec, dense, finals, list(offsets), span
         self.k = len(self.offsets)
         self.headers = staged_headers(dense, self.k).copy() if headers is None else headers  # int64 [k, 8]
         self._dtype_of = dtype_of
@@ -296,7 +296,7 @@ class StagedSlots:
     def twin(self, buffer: Any, dtype_of: Callable[[np.dtype], Any]) -> "StagedSlots":
         """The same slots in a twin of the buffer copy_into() copied them into, at the same places
         (the learner's device copy of its staging buffer)."""
-        p, dn = self.placed, self.spec.dense_nbytes
+        p, dn = self.span, self.spec.dense_nbytes
         return StagedSlots(self.spec, buffer[p.dense_at:p.dense_at + self.k * dn].reshape(self.k, dn),
                            buffer[p.finals_at:p.end], self.offsets, p, self.headers, dtype_of)
 

@@ -186,8 +186,8 @@ def test_copy_into_stages_typed_slots_at_their_placement(job_name):
             assert push(prod, stamped(SMALL, k))
         buffer = np.zeros(SMALL.staging_nbytes(8) + 64, np.uint8)
         slots = cons.copy_into(buffer, 64, 8)
-        assert slots.k == 7 and slots.placed.dense_at == 64 and slots.placed.end <= len(buffer)
-        assert slots.placed.end - 64 <= SMALL.staging_nbytes(7)
+        assert slots.k == 7 and slots.span.dense_at == 64 and slots.span.end <= len(buffer)
+        assert slots.span.end - 64 <= SMALL.staging_nbytes(7)
         assert not slots.nonfinite().any() and slots.flags_are_binary()
         twin = slots.twin(buffer.copy(), lambda dtype: dtype)
         for j, (batch, again) in enumerate(zip(slots.batches(), twin.batches())):

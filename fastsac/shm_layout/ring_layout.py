@@ -329,13 +329,18 @@ class StagedSlots:
             values.update(self.final_rows(j))
             yield TransitionBatch(**values)
 
+    @functools.cached_property
+    def _flags(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.field("terminated"), self.field("truncated")
+
     def ended_envs(self, j: int) -> np.ndarray:
         """The envs whose episode ended at slot j (terminated | truncated), ascending."""
-        return np.flatnonzero(self.field("terminated")[j] | self.field("truncated")[j])
+        terminated, truncated = self._flags
+        return np.flatnonzero(terminated[j] | truncated[j])
 
     def flags_are_binary(self) -> bool:
         """terminated and truncated hold only 0 and 1 in every slot."""
-        return not any((self.field(name) > 1).any() for name in ("terminated", "truncated"))
+        return not any((flags > 1).any() for flags in self._flags)
 
     def nonfinite(self) -> np.ndarray:
         """bool [k]: the slots with a NaN or inf in a float field, dense (obs .. rewards, with the

@@ -2,8 +2,9 @@
 
 This package is the single source of truth for the shared-memory layout. Nothing else
 computes an offset into a segment. Torch-free on purpose (the launcher and the NUMA
-check mode import it): numpy views over the mappings are enough; the learner wraps them
-with torch.from_numpy.
+check mode import it): numpy views over the mappings are enough; the learner copies ring slots
+into its own buffer (TransitionRing.copy_into) and reads them there, numpy or torch, through
+StagedSlots.
 
 The segments of a job, who creates, writes and reads each: the table in docs/shared-memory.md
 ("Segments"), the one place it is written.
@@ -27,6 +28,7 @@ Modules, each importing only those above it:
   snapshot      weight snapshot (seqlock double buffer)
   eval_channel  the evaluator's channel: its liveness and its newest result (seqlock)
   control       control block: records, roles, stop flag, collector stats
+  job_settings  the settings every process of a job must agree on, checked at attach
   segments_cli  `python -m fastsac.shm_layout list|clean` (low-level; see __main__)
 Import the public names from the package (`from fastsac import shm_layout as shm`).
 """

@@ -22,7 +22,7 @@ from fastsac.common.stopping import interrupt_deferred
 from fastsac.config import Config, ConfigError, config_to_yaml, load_config
 from fastsac.envs.registry import env_spec
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from fastsac.launch import memory_check, preflight
+from fastsac.launch import gpu_memory, memory_check, preflight
 from fastsac.launch.status import main as status_main
 from fastsac.launch.supervisor import Supervisor, run_numa_check
 from fastsac.machine.plan import plan_job
@@ -91,6 +91,7 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool, trains: 
     preflight.check_devices(cfg, [p.device for p in plan.learners] if plan is not None else ())
     preflight.check_master_port(cfg)
     memory_check.check_memory(cfg, spec, plan)
+    gpu_memory.check_gpu_memory(cfg, spec, plan)   # the GPU's share of the same estimate (it builds on memory_check)
     if uses_segments:
         preflight.check_shared_memory(cfg, plan, spec)
 

@@ -119,8 +119,6 @@ def check_memory(cfg: Config, spec, plan=None) -> None:
         _refuse(cfg, parts, need, avail, per_env, per_env_source, "")
     if plan is not None and per_env is not None and plan.binding != "off":
         check_nodes(cfg, plan, per_env, per_env_source)
-    from fastsac.launch.gpu_memory import check_gpu_memory   # it imports this module (replay_buffer_nbytes)
-    check_gpu_memory(cfg, spec, plan)
 
 
 def _refuse(cfg, parts: list[Part], need: int, avail: tuple[int, str], per_env, per_env_source: str,

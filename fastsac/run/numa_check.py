@@ -72,8 +72,7 @@ def run_collector_check(ctx) -> int:
     ctl = shm.ControlBlock.attach(cfg.job_name, role="observer")
     env = make_env(cfg.env.name, me.env_count, seed=cfg.seed, first_env_id=me.env_first,
                    max_episode_steps=cfg.env.max_episode_steps, num_threads=len(me.cpus))
-    spec = shm.RingSpec(num_envs=me.env_count, obs_dim=env.obs_dim, critic_obs_dim=env.critic_obs_dim,
-                        act_dim=env.act_dim, capacity=cfg.trainer.async_options.ring_capacity)
+    spec = shm.job_ring_spec(cfg, env, me.env_count)
     ring = shm.TransitionRing.create_or_attach(cfg.job_name, me.collector_id, spec, ctl.incarnation)
     snap = shm.WeightSnapshot.create_or_attach(cfg.job_name, me.collector_id,
                                                policy_flat_numel(env.obs_dim, env.act_dim, cfg.algo), ctl.incarnation)

@@ -47,7 +47,7 @@ class TwinRunner:
             return
         per_half = n // 2
         if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastsac-critic")
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastsac-update")
         # torch's intra-op count is per thread for OpenMP (and process-wide for MKL): set it on both
         self._worker.submit(torch.set_num_threads, per_half).result()
         torch.set_num_threads(per_half)

@@ -238,7 +238,7 @@ def format_status(cur: Snapshot, prev: Snapshot | None = None) -> str:
             f"heartbeat {_fmt_age(cur.learner_heartbeat_age_s)} | env_steps {lr['env_steps']:,} | "
             f"updates {lr['num_updates']:,} | {_fmt_num(lr['updates_per_s'], ',.1f')} upd/s | "
             f"learn {_fmt_num(lr['learn_pct'], '.0f')}% | weights v{lr['weight_version']} | "
-            f"ingest {_fmt_num(lrate)} env-steps/s")
+            f"ingest {_fmt_num(lrate)} env-steps/s{_update_path(lr)}")
     else:
         lines.append(f"learner  not started yet ({cur.learner_state})")
     waiting = [i for i in range(cur.num_collectors) if int(lr.get("waiting_mask", 0)) >> i & 1]
@@ -277,6 +277,16 @@ def format_status(cur: Snapshot, prev: Snapshot | None = None) -> str:
     return "\n".join(lines)
 
 
+def _update_path(lr: dict) -> str:
+    """' | update compiled' and the like; nothing for a plain eager update (torch.compile not asked for)."""
+    path = int(lr.get("update_path", 0))
+    if path == shm.UpdatePath.EAGER:
+        return ""
+    if path == shm.UpdatePath.FELL_BACK:
+        return " | update EAGER: torch.compile failed (the learner's log says why)"
+    return f" | update {_enum_name(shm.UpdatePath, path).lower()}"
+
+
 def _learner_lines(cur: Snapshot, prev: Snapshot | None, dt: float | None) -> list[str]:
     """Several learners on this machine: one line each (rank, device, state, progress) with its collectors."""
     same_job = prev is not None and prev.incarnation == cur.incarnation and len(prev.learners) == len(cur.learners)
@@ -295,7 +305,7 @@ def _learner_lines(cur: Snapshot, prev: Snapshot | None, dt: float | None) -> li
             f"heartbeat {_fmt_age(_age(cur.t_ns, lr['heartbeat_ns']))} | env_steps {lr['env_steps']:,} | "
             f"updates {lr['num_updates']:,} | {_fmt_num(lr['updates_per_s'], ',.1f')} upd/s | "
             f"learn {_fmt_num(lr['learn_pct'], '.0f')}% | weights v{lr['weight_version']} | "
-            f"ingest {_fmt_num(rate)} env-steps/s | collectors {', '.join(mine) or '-'}")
+            f"ingest {_fmt_num(rate)} env-steps/s | collectors {', '.join(mine) or '-'}{_update_path(lr)}")
     return lines
 
 

@@ -108,7 +108,8 @@ class Learner:
                                       lambda m: log(ROLE, m))   # eval.*: the evaluator process's weights and results
         # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
         # start_env_steps first: collectors derive their envs' reset seed from it (a resumed run).
-        self.ctl.learner.update(global_rank=ctx.me.global_rank, device=str(self.device)[:16])
+        path = shm.UpdatePath.COMPILING if self.agent.compiled else shm.UpdatePath.EAGER
+        self.ctl.learner.update(global_rank=ctx.me.global_rank, device=str(self.device)[:16], update_path=int(path))
         self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, start_env_steps=self.start_env_steps,
                                 num_updates=self.agent.num_updates_done, started_ns=time.monotonic_ns(),
                                 heartbeat_ns=time.monotonic_ns(), state=int(shm.ProcState.RUNNING))
@@ -366,6 +367,7 @@ class Learner:
         else:
             log(ROLE, f"warning: torch.compile failed after {took:.1f}s, the update runs EAGER (train/update_compiled "
                       f"0): {reason}")
+        self.ctl.learner["update_path"] = int(shm.UpdatePath.COMPILED if reason is None else shm.UpdatePath.FELL_BACK)
         self.beat()  # fresh beat before RUNNING
         self.ctl.learner["state"] = int(shm.ProcState.RUNNING)
 

@@ -73,6 +73,7 @@ from fastsac.shm_layout.control import (
     ProcState,
     StopReason,
     SupervisorState,
+    UpdatePath,
 )
 from fastsac.shm_layout.eval_channel import EvalChannel
 from fastsac.shm_layout.launch_guard import LaunchLockError, launch_lock_dir
@@ -98,7 +99,7 @@ __all__ = [
     "MAX_COLLECTORS", "MAX_LEARNERS", "PREFIX", "ProcState", "RING_CONSUMER_PID", "RING_PRODUCER_PID",
     "RING_READ_CURSOR", "RING_WRITE_CURSOR", "RingSpec", "SHM_DIR", "SLOT_HEADER_NBYTES", "STAGES",
     "STATS_FIELDS", "SUPERVISOR_DTYPE", "SegmentKind", "SegmentTaken", "ShmLayoutError", "SlotView",
-    "StagedSlots", "StopReason", "SupervisorState", "TransitionRing", "UNSAFE_ENV", "WeightSnapshot",
+    "StagedSlots", "StopReason", "SupervisorState", "TransitionRing", "UNSAFE_ENV", "UpdatePath", "WeightSnapshot",
     "ctl_name", "eval_name", "find_stale_segments", "format_stale_report", "job_is_alive", "job_ring_spec",
     "launch_lock_dir", "main", "parse_segment_name", "ring_name", "segment_exists", "shm_free_bytes",
     "snapshot_nbytes", "unlink_job_segments", "validate_job_name", "wts_name",

@@ -11,7 +11,7 @@ import numpy as np
 
 from fastsac.config import JOB_NAME_RE
 
-LAYOUT_VERSION = 4   # 4: the weight snapshot holds the tapered actor (fastsac.algo.policy_layout)
+LAYOUT_VERSION = 5   # 5: the learner record says which update runs (UpdatePath); 4: the tapered actor
 MAGIC = int.from_bytes(b"FASTSAC1", "little")  # written LAST at creation: 0 = not ready
 SHM_DIR = "/dev/shm"
 PREFIX = "fastsac"

@@ -39,6 +39,14 @@ class ProcState(enum.IntEnum):
     EXITED = 6
 
 
+class UpdatePath(enum.IntEnum):
+    """Which update a learner runs (written by the learner; --status shows all but EAGER)."""
+    EAGER = 0        # torch.compile not asked for (algo.compile), or not on CUDA
+    COMPILING = 1    # the first updates run, compiling
+    COMPILED = 2
+    FELL_BACK = 3    # compiling failed: eager from then on (the learner's log says why)
+
+
 class SupervisorState(enum.IntEnum):
     """The launcher's view of a collector slot (written by the launcher)."""
     NOT_STARTED = 0
@@ -76,7 +84,7 @@ LAUNCHER_DTYPE = _record([
     ("started_ns", "<i8"),         # time.monotonic_ns() at creation
 ], 64)
 
-# writer: learner i (one record per local learner; 128 bytes = 2 lines, never shared)
+# writer: learner i (one record per local learner; 192 bytes = 3 lines, never shared)
 LEARNER_DTYPE = _record([
     ("pid", "<i8"),
     ("state", "<i8"),              # ProcState
@@ -93,7 +101,8 @@ LEARNER_DTYPE = _record([
     ("start_env_steps", "<i8"),    # env steps at start (a resumed run: the checkpoint's); set before RUNNING
     ("global_rank", "<i8"),        # its rank in the job's learner group (0 with one learner)
     ("device", "S16"),             # its device, e.g. 'cuda:1' (text, for --status)
-], 128)
+    ("update_path", "<i8"),        # UpdatePath
+], 192)
 
 # Collector stats: cumulative; published under the record's stats_seq (see write_collector_stats).
 # The collector loop's stages, in loop order; each has a cumulative "<stage>_ns" stats field and

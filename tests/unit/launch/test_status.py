@@ -198,3 +198,19 @@ def test_permission_denied_is_explained(job_name, monkeypatch):
     monkeypatch.setattr(L.ControlBlock, "attach", denied)
     with pytest.raises(status.JobNotRunning, match="permission denied.*private to the user that runs it"):
         status.render_status(job_name)
+
+
+def test_the_update_path_is_shown_when_torch_compile_was_asked_for(job):
+    """algo.compile on CUDA: compiling, compiled, or EAGER after a failed compile (issue: a
+    fallback must be loud in --status too); a plain eager update adds nothing to the line."""
+    job_name, h = job
+
+    def learner_line() -> str:
+        return next(line for line in status.render_status(job_name, sample_s=0).splitlines()
+                    if line.startswith("learner"))
+
+    assert "update" not in learner_line().replace("updates ", "")
+    for path, want in ((L.UpdatePath.COMPILING, "| update compiling"), (L.UpdatePath.COMPILED, "| update compiled"),
+                       (L.UpdatePath.FELL_BACK, "| update EAGER: torch.compile failed")):
+        h["learner"].learner["update_path"] = int(path)
+        assert want in learner_line()

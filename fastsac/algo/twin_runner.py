@@ -29,7 +29,6 @@ class TwinRunner:
     def __init__(self, device: torch.device):
         self.on_cpu = torch.device(device).type == "cpu"
         self._worker: ThreadPoolExecutor | None = None
-        self.threads = torch.get_num_threads()
 
     @property
     def parallel(self) -> bool:
@@ -40,7 +39,6 @@ class TwinRunner:
         intra-op threads each (an odd one out stays idle: both threads must agree on MKL's
         process-wide count); else n intra-op threads on the calling thread alone."""
         n = max(1, int(n))
-        self.threads = n
         if not self.on_cpu or n < 2:
             self._stop_worker()
             torch.set_num_threads(n)

@@ -89,17 +89,15 @@ class CollectorFeed:
     def snapshot_version(self) -> int:
         return self.snapshot.version if self.snapshot is not None else 0
 
-    def validate(self, dense: np.ndarray, k: int, finals: np.ndarray, offsets: list[int],
-                 collector_incarnation: int) -> int:
-        """Check k slots copied out of the ring (before release): stamps, then values.
+    def validate(self, slots: "shm.StagedSlots", collector_incarnation: int) -> int:
+        """Check the slots copied out of the ring (before release): stamps, then values.
 
         Returns the number of slots with non-finite values (0 when all is well); raises FeedFault
         for stamps no correct collector writes. Either way a non-zero result drops the collector.
         """
-        slots = shm.StagedSlots(self.spec, dense[:k], finals, offsets[:k])
         n, first_seq = self.spec.num_envs, self.ring.read_cursor
         last_inc, last_step = self.last_incarnation, self.last_env_step
-        for j in range(k):
+        for j in range(slots.k):
             s, where = slots.stamps(j), f"slot {first_seq + j}"
             if s.seq != first_seq + j:
                 raise FeedFault(f"{where} is stamped seq {s.seq} (stale or duplicated data)")

@@ -275,8 +275,7 @@ class Learner:
             share = min(share, max(1, math.ceil((remaining - transitions) / feed.spec.num_envs)))
             run = self.staging.take(feed, share)
             try:
-                bad = feed.validate(self.staging.dense_rows(run), run.k, self.staging.final_rows(run), run.offsets,
-                                    self.ctl.collector(feed.cid)["incarnation"])
+                bad = feed.validate(run.slots, self.ctl.collector(feed.cid)["incarnation"])
                 reason = f"{bad} of {run.k} slot(s) hold NaN/inf values" if bad else None
             except FeedFault as exc:
                 reason = str(exc)

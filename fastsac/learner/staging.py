@@ -83,12 +83,6 @@ class IngestStaging:
         self.used = slots.span.end
         return StagedRun(feed, slots)
 
-    def dense_rows(self, run: StagedRun) -> np.ndarray:
-        return run.slots.dense
-
-    def final_rows(self, run: StagedRun) -> np.ndarray:
-        return run.slots.finals
-
     def rewind(self, run: StagedRun) -> None:
         """Forget a run (its collector was dropped): the next one overwrites its bytes."""
         self.used = run.slots.span.dense_at

@@ -77,7 +77,7 @@ def stage_round(staging: IngestStaging, feeds, max_slots: int):
     for feed in feeds:
         if feed.available():
             run = staging.take(feed, max_slots)
-            assert feed.validate(staging.dense_rows(run), run.k, staging.final_rows(run), run.offsets, 1) == 0
+            assert feed.validate(run.slots, 1) == 0
             feed.ring.release(run.k)
             runs.append(run)
     staging.send()
@@ -130,7 +130,7 @@ def _corrupt_and_check(job, corrupt, match: str) -> None:
     with pytest.raises(FeedFault, match=match):
         staging.begin()
         run = staging.take(feed, 8)
-        if feed.validate(staging.dense_rows(run), run.k, staging.final_rows(run), run.offsets, 1):
+        if feed.validate(run.slots, 1):
             raise FeedFault("non-finite")
 
 
@@ -150,7 +150,7 @@ def test_stale_slots_announced_by_a_moved_cursor_are_a_fault(job):
     with pytest.raises(FeedFault, match=r"slot 8 is stamped seq 0 \(stale or duplicated data\)"):
         staging.begin()
         r = staging.take(job.feeds[0], 8)
-        job.feeds[0].validate(staging.dense_rows(r), r.k, staging.final_rows(r), r.offsets, 1)
+        job.feeds[0].validate(r.slots, 1)
 
 
 def test_an_all_ones_slot_is_a_fault(job):
@@ -178,7 +178,7 @@ def test_non_finite_values_are_counted_and_never_staged_for_the_buffer(job, fiel
     staging = IngestStaging(SPECS, max_slots=8, device=torch.device("cpu"))
     staging.begin()
     run = staging.take(job.feeds[0], 8)
-    assert job.feeds[0].validate(staging.dense_rows(run), run.k, staging.final_rows(run), run.offsets, 1) == 1
+    assert job.feeds[0].validate(run.slots, 1) == 1
 
 
 def test_a_dropped_feed_reattaches_only_to_a_newer_incarnation(job, job_name):

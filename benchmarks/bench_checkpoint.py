@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from fastsac.run import checkpoint as ck  # noqa: E402
 from fastsac.algo.fastsac import FastSAC  # noqa: E402
 from fastsac.config import AlgoConfig  # noqa: E402
+from fastsac.run_dir import checkpoint as ck  # noqa: E402
 
 HUMANOID_OBS, HUMANOID_ACT = 348, 17
 

@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from fastsac.run.torch_runtime import configure_torch
+from fastsac.process.torch_runtime import configure_torch
 
 IDLE, ON_CPU, ON_DEVICE = 0, 1, 2   # what a contention worker does (a shared value the controller sets)
 SETTLE_S = 0.3                       # after a mode switch, before a cell's window opens

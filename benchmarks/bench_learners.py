@@ -54,7 +54,7 @@ def worker(args) -> int:
 
     from fastsac.algo.fastsac import FastSAC
     from fastsac.config import AlgoConfig, Config
-    from fastsac.run.torch_runtime import configure_torch, open_device
+    from fastsac.process.torch_runtime import configure_torch, open_device
 
     configure_torch()
     torch.set_num_threads(args.threads)

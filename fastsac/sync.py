@@ -20,12 +20,12 @@ from fastsac.common.stopping import StopSignal
 from fastsac.common.transition import TransitionBatch
 from fastsac.config import Config
 from fastsac.envs.registry import EnvSpec, make_env
-from fastsac.run import state as run_state
-from fastsac.run.eval_episodes import InlineEvaluator
-from fastsac.run.schedule import RunSchedule
-from fastsac.run.telemetry import Telemetry
-from fastsac.run.thread_tuner import ThreadTuner
-from fastsac.run.torch_runtime import configure_torch, open_device
+from fastsac.evaluation.episodes import InlineEvaluator
+from fastsac.process.torch_runtime import configure_torch, open_device
+from fastsac.training import state as run_state
+from fastsac.training.schedule import RunSchedule
+from fastsac.training.telemetry import Telemetry
+from fastsac.training.thread_tuner import ThreadTuner
 
 
 def train_sync(cfg: Config) -> int:
@@ -58,7 +58,7 @@ def train_sync(cfg: Config) -> int:
     telemetry = Telemetry(cfg, env_steps, agent.num_updates_done, cfg.trainer.num_iterations * n,
                           episode_steps=spec.max_episode_steps, lineage=run_state.lineage(cfg))
     log = telemetry.metrics
-    # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner)
+    # on the CPU the update's thread count is measured, not assumed (fastsac.training.thread_tuner)
     threads = ThreadTuner(torch.get_num_threads(), agent.set_threads, log=log.line) \
         if device.type == "cpu" and torch.get_num_threads() > 1 else None
     episodes = EpisodeTracker(n)

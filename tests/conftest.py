@@ -135,7 +135,7 @@ def _fast_tier_starts_no_process(request, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def torch_runtime():
     """The process-wide torch settings every fastsac process makes at start (subnormals flushed)."""
-    from fastsac.run.torch_runtime import configure_torch
+    from fastsac.process.torch_runtime import configure_torch
     configure_torch()
     yield
 

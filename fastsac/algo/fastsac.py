@@ -40,9 +40,9 @@ from torch import Tensor
 
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.normalizer import RunningNormalizer
-from fastsac.algo.policy_layout import actor_widths, critic_widths
 from fastsac.algo.twin_runner import TwinRunner
 from fastsac.config import AlgoConfig
+from fastsac.shm_layout.policy_layout import actor_widths, critic_widths
 
 # 2: tapered trunks and zero-initialised actor heads; version-1 state has other shapes.
 STATE_DICT_VERSION = 2
@@ -313,7 +313,7 @@ class FastSAC:
     @torch.no_grad()
     def policy_flat(self) -> Tensor:
         """1-D float32 on the agent device: actor parameters then obs-normalizer mean and var
-        (layout: fastsac.algo.policy_layout; loaded by fastsac.algo.policy.InferencePolicy)."""
+        (layout: fastsac.shm_layout.policy_layout; loaded by fastsac.algo.policy.InferencePolicy)."""
         parts = [p.detach().reshape(-1).float() for p in self.actor.parameters()]
         parts += [self.obs_normalizer.mean, self.obs_normalizer.var]
         return torch.cat(parts)

@@ -23,7 +23,7 @@ _LOG_2 = math.log(2.0)
 def mlp_trunk(in_dim: int, widths: list[int]) -> nn.Sequential:
     """(Linear -> LayerNorm -> SiLU) per entry of widths (policy_layout.trunk_widths). LayerNorm
     keeps the large-batch, high-lr FastSAC regime stable; the layer order is part of the flat
-    policy layout (policy_layout.py)."""
+    policy layout (fastsac/shm_layout/policy_layout.py)."""
     layers: list[nn.Module] = []
     for width in widths:
         layers += [nn.Linear(in_dim, width), nn.LayerNorm(width), nn.SiLU()]

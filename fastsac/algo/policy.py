@@ -1,7 +1,7 @@
 """Collector-side policy: a read-only actor + observation normalizer fed from the flat vector.
 
 All parameters and normalizer buffers are views into ONE contiguous float32 tensor laid out
-like `FastSAC.policy_flat()` (see policy_layout.py), so `load_flat` is a single copy
+like `FastSAC.policy_flat()` (see shm_layout/policy_layout.py), so `load_flat` is a single copy
 (typically straight out of a shared-memory snapshot) and never aliases the caller's memory.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from fastsac.algo.networks import Actor
 from fastsac.algo.normalizer import RunningNormalizer
-from fastsac.algo.policy_layout import actor_param_shapes, actor_widths, policy_flat_numel
 from fastsac.config import AlgoConfig
+from fastsac.shm_layout.policy_layout import actor_param_shapes, actor_widths, policy_flat_numel
 
 
 class InferencePolicy:

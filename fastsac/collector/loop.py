@@ -10,7 +10,6 @@ import torch
 
 from fastsac import shm_layout as shm
 from fastsac.algo.policy import InferencePolicy
-from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.common.episodes import EpisodeTracker
 from fastsac.common.pacing import IdleBackoff
 from fastsac.common.procs import pid_alive
@@ -21,8 +20,9 @@ from fastsac.envs.registry import make_env
 from fastsac.errors import FatalError
 from fastsac.machine.learner_plan import machine_env_offset
 from fastsac.process.setup import log
-from fastsac.run.torch_runtime import open_device
+from fastsac.process.torch_runtime import open_device
 from fastsac.shm_layout.job_settings import check_against_job
+from fastsac.shm_layout.policy_layout import policy_flat_numel
 
 STATS_INTERVAL_S = 0.1       # how often the stats record in the control block is refreshed
 LIVENESS_INTERVAL_S = 0.5    # how often the launcher/learner liveness is checked

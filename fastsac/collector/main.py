@@ -49,13 +49,13 @@ def _run(argv: list[str] | None) -> int:
     ctx = process_setup.start(ROLE, build_parser(), argv)
     role = f"collector {ctx.args.collector_id}"
     # after start() bound this process: numpy, torch and the envs allocate on its node
-    from fastsac.run.numa_check import run_collector_check
+    from fastsac.process.numa_check import run_collector_check
     if ctx.args.check_numa:
         return run_collector_check(ctx)
     # (the NUMA check runs without torch: it has to be quick in the emulated guest)
     from fastsac.collector.loop import Collector
+    from fastsac.process.torch_runtime import configure_torch
     from fastsac.shm_layout import SegmentTaken   # numpy, like the loop: only once this process is bound
-    from fastsac.run.torch_runtime import configure_torch
     configure_torch(process_setup.torch_threads(ctx))
     # its collector id already running (a second hand-started copy): exit 2, as any other mismatch
     # with the job, not the exit 1 of a segment that cannot be attached

@@ -156,7 +156,7 @@ class TrainerConfig:
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases (fastsac.run.wandb_sink; optional extra fastsac[wandb]): off by default."""
+    """Weights & Biases (fastsac.training.wandb_sink; optional extra fastsac[wandb]): off by default."""
     enabled: bool = _f(False, help="also log every scalar to W&B (needs pip install 'fastsac[wandb]')")
     project: str = _f("fastsac", help="W&B project")
     entity: str = _f("", help="W&B entity (user or team); '' = your default")
@@ -181,7 +181,7 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    """Deterministic evaluation during training (fastsac.run.eval_episodes): off unless interval > 0."""
+    """Deterministic evaluation during training (fastsac.evaluation.episodes): off unless interval > 0."""
     interval: int = _f(0, min=0, help="evaluate every N iterations (env-step batches); 0 = off")
     episodes: int = _f(16, min=1, help="episodes per evaluation (the mean/min/max are over these)")
     num_envs: int = _f(16, min=1, max=MAX_ENVS, help="eval envs stepped together; the episodes are split over them")

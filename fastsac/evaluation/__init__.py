@@ -1,2 +1,4 @@
-"""The evaluator role of an async job: deterministic episodes on weights the learner publishes to it.
+"""Evaluation: deterministic episodes on envs that are not training envs, their result record, the
+async job's evaluator process and the launcher's watch over it. Torch-free to import (the launcher
+uses the episode counts and the watch); the evaluator process brings its own torch.
 """

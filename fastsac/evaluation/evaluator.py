@@ -10,7 +10,7 @@ due, the weights tagged with their env step) and its channel `/fastsac.<job>.eva
 state, heartbeat, incarnation and newest result, which the learner logs). Loop:
 
   poll the snapshot (non-blocking seqlock read) -> new weights: play eval.episodes episodes
-  (fastsac.run.eval_episodes) -> write the result to the channel -> poll again.
+  (fastsac.evaluation.episodes) -> write the result to the channel -> poll again.
 
 It exits 0 on the stop flag or SIGTERM/SIGINT, 1 when the launcher is gone. A crash or a hang
 never stops training: the launcher restarts it (max_restarts, backoff), then gives up on
@@ -24,14 +24,14 @@ import numpy as np
 
 from fastsac import shm_layout as shm
 from fastsac.algo.policy import InferencePolicy
-from fastsac.algo.policy_layout import policy_flat_numel
-from fastsac.common.eval_result import line, summarize
 from fastsac.common.seeds import resolve_eval_seed
 from fastsac.common.stopping import StopSignal
+from fastsac.evaluation.episodes import make_eval_env, run_eval_episodes
+from fastsac.evaluation.result import line, summarize
 from fastsac.process import setup as process_setup
-from fastsac.run.eval_episodes import make_eval_env, run_eval_episodes
 from fastsac.shm_layout.eval_channel import snapshot_numel, unpack_tag
 from fastsac.shm_layout.job_settings import check_against_job
+from fastsac.shm_layout.policy_layout import policy_flat_numel
 
 POLL_S = 0.05               # snapshot poll while idle (an evaluation is due every eval.interval iterations)
 LIVENESS_INTERVAL_S = 0.5   # how often the launcher's liveness is checked

@@ -34,7 +34,7 @@ def _run(argv: list[str] | None) -> int:
                          "placement of its own to check", EXIT_USAGE)
     # after start() bound this process: numpy, torch and the envs allocate on its CPUs' node
     from fastsac.evaluation.evaluator import Evaluator
-    from fastsac.run.torch_runtime import configure_torch
+    from fastsac.process.torch_runtime import configure_torch
     configure_torch(process_setup.torch_threads(ctx))
     return process_setup.build_and_run(ROLE, lambda stop: Evaluator(ctx, ROLE))
 

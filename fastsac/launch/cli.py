@@ -23,14 +23,15 @@ from fastsac.config import Config, ConfigError, config_to_yaml, load_config
 from fastsac.envs.registry import env_spec
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastsac.launch import gpu_memory, memory_check, preflight
+from fastsac.launch.numa_check import run_numa_check
 from fastsac.launch.status import main as status_main
-from fastsac.launch.supervisor import Supervisor, run_numa_check
+from fastsac.launch.supervisor import Supervisor
 from fastsac.machine.plan import plan_job
 from fastsac.machine.plan_output import format_plan, plan_to_json
 from fastsac.machine.topology import discover_topology, format_cpulist
-from fastsac.run.checkpoint import CheckpointError  # torch-free
-from fastsac.run.run_dir import check_run_dir_lineage  # torch-free
-from fastsac.run.run_dir_lock import RunDirLock
+from fastsac.run_dir.checkpoint import CheckpointError  # torch-free
+from fastsac.run_dir.contents import check_run_dir_lineage  # torch-free
+from fastsac.run_dir.lock import RunDirLock
 from fastsac.shm_layout import job_is_alive
 from fastsac.shm_layout.job_settings import job_settings
 
@@ -83,7 +84,7 @@ def check_before_spawn(cfg: Config, plan, spec, *, uses_segments: bool, trains: 
     preflight.check_run_dir(cfg)
     preflight.check_resume(cfg)
     preflight.check_extras(cfg)
-    # One run per run_dir (fastsac.run.run_dir); --plan and --check-numa train nothing and write no
+    # One run per run_dir (fastsac.run_dir.contents); --plan and --check-numa train nothing and write no
     # checkpoint, so an earlier run's files are no reason to refuse them (--plan names them).
     # (A second launch of a running job is told exactly that, later.)
     if trains and not job_is_alive(cfg.job_name) and (refusals := launch_refusals(cfg)):

@@ -15,11 +15,11 @@ runs anyway when a CUDA device is planned.
 from __future__ import annotations
 
 from fastsac import shm_layout as shm
-from fastsac.algo.policy_layout import critic_widths, policy_flat_numel
 from fastsac.config import Config, ConfigError
 from fastsac.launch.memory_check import replay_buffer_nbytes, update_working_set_nbytes_lower_bound
 from fastsac.launch.preflight import gib, torch_cuda_probe
 from fastsac.machine import devices as dv
+from fastsac.shm_layout.policy_layout import critic_widths, policy_flat_numel
 
 CUDA_CONTEXT_BYTES = 512 << 20   # a CUDA context with torch's kernels loaded: ~0.3-0.6 GB, by GPU and CUDA
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastsac.algo.policy_layout import actor_widths, critic_widths, policy_flat_numel
 from fastsac.config import Config, ConfigError
 from fastsac.envs.env_memory import PROCESS_BASE_BYTES, bytes_per_env
+from fastsac.evaluation import episodes as eval_episodes
 from fastsac.launch.preflight import gib, visible_gpu_count
 from fastsac.machine.memory_available import available_memory
-from fastsac.run import eval_episodes
+from fastsac.shm_layout.policy_layout import actor_widths, critic_widths, policy_flat_numel
 
 
 def replay_buffer_nbytes(num_envs: int, buffer_size: int, obs_dim: int, critic_obs_dim: int, act_dim: int,

@@ -28,11 +28,11 @@ import urllib.parse
 from pathlib import Path
 
 from fastsac import shm_layout as shm
-from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.config import Config, ConfigError
-from fastsac.run.run_dir import resolved
 from fastsac.machine import devices as dv
 from fastsac.machine.topology import discover_topology
+from fastsac.run_dir.contents import resolved
+from fastsac.shm_layout.policy_layout import policy_flat_numel
 
 AO = "trainer.async_options"
 # Kernel interfaces that look like directories but store nothing (mkdir fails there, or worse:

@@ -15,7 +15,7 @@ Where the numbers come from (see fastsac.shm_layout, ControlBlock):
   ctl.ingest(i)      the learner's view: attached / dropped, policy lag, ring fill (slots used),
                      refreshed every 0.5 s
   /fastsac.<job>.eval  the EVALUATOR line (eval.interval > 0): the evaluator's own channel, read
-                     as an observer too (fastsac.launch.evaluator_watch.status_line)
+                     as an observer too (fastsac.evaluation.evaluator_watch.status_line)
 
 env-steps/s is estimated here, not copied: each collector's env_steps counter (written every
 env step) is read twice, SAMPLE_S apart (in --watch: one redraw interval apart), and the
@@ -39,7 +39,7 @@ import posix_ipc
 from fastsac import shm_layout as shm
 from fastsac.common.procs import pid_alive
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from fastsac.launch.evaluator_watch import status_line as evaluator_status_line
+from fastsac.evaluation.evaluator_watch import status_line as evaluator_status_line
 
 EXIT_NOT_RUNNING = EXIT_FAILURE   # the job named is not running
 SAMPLE_S = 0.5          # seconds between the two counter reads of a one-shot status

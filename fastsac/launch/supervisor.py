@@ -9,10 +9,7 @@ job's segments at the end.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,14 +21,12 @@ from fastsac import shm_layout as shm
 from fastsac.common.pacing import restart_delay
 from fastsac.common.stopping import StopSignal
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from fastsac.launch.evaluator_watch import EvaluatorWatch
+from fastsac.evaluation.evaluator_watch import EvaluatorWatch
 from fastsac.machine import memory_available
 from fastsac.machine.learner_plan import describe_learner
-from fastsac.machine.plan_output import plan_to_json
 from fastsac.machine.topology import format_cpulist
 from fastsac.process.setup import ALLOWED_CPUS_ENV
-from fastsac.run.numa_check import read_report, report_dir, report_path
-from fastsac.run.run_dir import LOGS_DIR
+from fastsac.run_dir.contents import LOGS_DIR
 
 POLL_S = 0.1
 RSS_SAMPLE_S = 1.0   # how often a running collector's resident memory is read (for an OOM report)
@@ -75,7 +70,7 @@ class Supervisor:
         self.learner = self.learners[0]
         self.collectors = [Child(f"collector {c.collector_id}", c, self.log_dir / f"collector{c.collector_id}.log",
                                  manual=c.manual) for c in plan.collectors]
-        # eval.interval > 0: the evaluator, watched by fastsac.launch.evaluator_watch (never stops the job)
+        # eval.interval > 0: the evaluator, watched by fastsac.evaluation.evaluator_watch (never stops the job)
         self.eval_children = [Child("evaluator", plan.evaluator, self.log_dir / "evaluator.log")] \
             if plan.evaluator else []
         self.evaluator = EvaluatorWatch(self, self.eval_children[0], say) if self.eval_children else None
@@ -360,56 +355,3 @@ class Supervisor:
         say(f"{c.name} exited with code {rc} (see {c.log_path}); restarting in {backoff:.1f}s")
         c.history.append("restarting")
         c.restart_at = now + backoff
-
-
-def run_numa_check(cfg, plan, ctl: "shm.ControlBlock", timeout_s: float = 600.0) -> int:
-    """Start every process with `--check-numa` under its real binding, collect their reports.
-
-    Prints one JSON document {"plan": ..., "reports": [...], "failed": [...]} on stdout; exit 0
-    when every process ran and reported (each one refuses to run on a binding that differs from
-    the plan). Reports come from this check's own report directory (fastsac.run.numa_check), one per
-    process started here, never from the logs, which earlier launches have appended to.
-    """
-
-    sup = Supervisor(cfg, plan, ctl)
-    reports_at = report_dir(cfg.run_path, ctl.incarnation)
-    reports_at.mkdir()   # new: the incarnation is this launch's own random 64-bit number
-    children = [sup.learner, *[c for c in sup.collectors if not c.manual]]
-    try:
-        for child in children:
-            child.plan = _with_extra_arg(child.plan, "--check-numa")
-            # logs/numa-check.<incarnation>.<process>.log: the check trains nothing, so its logs are
-            # no run's output (fastsac.run.run_dir), and a fresh run may still use this run_dir
-            child.log_path = reports_at.with_name(f"{reports_at.name}.{child.log_path.name}")
-            sup.spawn(child)
-        deadline = time.monotonic() + timeout_s
-        failed, reports = [], []
-        for child in children:
-            try:
-                rc = child.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                rc = child.proc.wait()
-            path = report_path(cfg.run_path, ctl.incarnation, child.plan.role,
-                               getattr(child.plan, "collector_id", None))
-            report = read_report(path)
-            if report is not None and report.get("pid") != child.proc.pid:
-                failed.append(f"{child.name}: {path} was written by pid {report.get('pid')}, not by pid "
-                              f"{child.proc.pid} started by this check")
-                report = None
-            if rc != 0:
-                failed.append(f"{child.name} exited with code {rc}; see {child.log_path}")
-            elif report is None:
-                failed.append(f"{child.name} exited without writing its report {path}; see {child.log_path}")
-            if report is not None:
-                reports.append(report)
-    finally:
-        shutil.rmtree(reports_at, ignore_errors=True)
-    print(json.dumps({"plan": plan_to_json(plan), "reports": reports, "failed": failed}, indent=1))
-    for message in failed:
-        print(f"fastsac-launch: error: {message}", file=sys.stderr)
-    return EXIT_FAILURE if failed else EXIT_OK
-
-
-def _with_extra_arg(process_plan, arg: str):
-    return dataclasses.replace(process_plan, argv=(*process_plan.argv, arg))

@@ -248,7 +248,7 @@ class LearnerGroup:
         _check_same_settings(cfg, store, rank, world, timeout)
         if device.type == "cuda" and device.index is None:   # the plan gives cuda:K; torch refuses 'cuda' here
             raise DistributedError(f"learner rank {rank}: device {device} has no index; expected cuda:K")
-        # (this process made its GPU current first thing: fastsac.run.torch_runtime.open_device)
+        # (this process made its GPU current first thing: fastsac.process.torch_runtime.open_device)
         try:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
                                     device_id=device if backend == "nccl" else None)

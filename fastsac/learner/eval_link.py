@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from fastsac import shm_layout as shm
-from fastsac.run.eval_episodes import next_due
+from fastsac.evaluation.episodes import next_due
 from fastsac.shm_layout.eval_channel import pack_weights, snapshot_numel
 
 POLL_S = 0.5          # how often the channel is read for a new result

@@ -8,7 +8,7 @@
                  iteration), and the next copy into the same pinned vector waits for it first.
 
 On the CPU both do what the loop always did: the host clock, and a copy that is done at once.
-Every event is recorded on the current stream of the learner's device (fastsac.run.torch_runtime
+Every event is recorded on the current stream of the learner's device (fastsac.process.torch_runtime
 made that device current first thing).
 """
 from __future__ import annotations

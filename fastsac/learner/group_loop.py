@@ -33,11 +33,11 @@ from fastsac.common.pacing import BackgroundBeat, beat_period
 from fastsac.common.seeds import learner_torch_seed
 from fastsac.common.stopping import StopSignal
 from fastsac.learner.distributed import DistributedError, LearnerGroup
-from fastsac.learner.loop import ATTACH_RETRY_S, Learner, StartState
 from fastsac.learner.learner_telemetry import LearnerTelemetry
+from fastsac.learner.loop import ATTACH_RETRY_S, Learner, StartState
 from fastsac.machine.ranks import node_of
 from fastsac.process.setup import log
-from fastsac.run import state as run_state
+from fastsac.training import state as run_state
 
 ROLE = "learner"
 

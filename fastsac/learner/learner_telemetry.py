@@ -1,4 +1,4 @@
-"""What the async learner reports on top of fastsac.run.telemetry: per-collector rates, lags and
+"""What the async learner reports on top of fastsac.training.telemetry: per-collector rates, lags and
 faults, and the status records in the control block (fastsac-launch --status).
 
 perf/env_steps_per_s here is the sum over collectors of the increase of their env_steps
@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from fastsac import shm_layout as shm
-from fastsac.run.telemetry import Telemetry
+from fastsac.training.telemetry import Telemetry
 
 SNAPSHOT_STUCK_REPORT_S = 5.0   # a collector's snapshot unreadable this long is reported
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from fastsac import shm_layout as shm
-from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.common.pacing import IdleBackoff, beating_while
 from fastsac.common.seeds import learner_torch_seed
 from fastsac.common.stopping import StopSignal
@@ -23,14 +22,15 @@ from fastsac.envs.registry import EnvSpec, make_env
 from fastsac.learner.eval_link import LearnerEval
 from fastsac.learner.feed import CollectorFeed, FeedFault
 from fastsac.learner.gpu_sync import ChunkTimer, WeightCopy
-from fastsac.learner.staging import IngestStaging
 from fastsac.learner.learner_telemetry import LearnerTelemetry
+from fastsac.learner.staging import IngestStaging
 from fastsac.process.setup import log
-from fastsac.run import state as run_state
-from fastsac.run.schedule import RunSchedule
-from fastsac.run.thread_tuner import ThreadTuner
-from fastsac.run.torch_runtime import open_device
+from fastsac.process.torch_runtime import open_device
 from fastsac.shm_layout.job_settings import check_against_job
+from fastsac.shm_layout.policy_layout import policy_flat_numel
+from fastsac.training import state as run_state
+from fastsac.training.schedule import RunSchedule
+from fastsac.training.thread_tuner import ThreadTuner
 
 ROLE = "learner"
 ATTACH_RETRY_S = 0.2     # how often missing rings/snapshots are looked for (collectors create them)
@@ -81,7 +81,7 @@ class Learner:
         torch.manual_seed(learner_torch_seed(cfg.seed))
         self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
                                                         num_envs=sum(c.env_count for c in mine))
-        # on the CPU the update's thread count is measured, not assumed (fastsac.run.thread_tuner),
+        # on the CPU the update's thread count is measured, not assumed (fastsac.training.thread_tuner),
         # between its own CPUs and those its collectors leave idle while they wait on a full ring
         planned, most = update_thread_range(ctx.me, mine, torch.get_num_threads())
         self.threads = ThreadTuner(most, self.agent.set_threads, log=lambda m: log(ROLE, m), fewest=planned) \

@@ -41,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     ctx = process_setup.start(ROLE, build_parser(), argv)
     # after start() bound this process: numpy, torch and the envs allocate on its node
-    from fastsac.run.numa_check import run_learner_check
+    from fastsac.process.numa_check import run_learner_check
     if ctx.args.check_numa:
         return run_learner_check(ctx)
     # (the NUMA check runs without torch: it has to be quick in the emulated guest)
     from fastsac.machine.learner_plan import is_group
-    from fastsac.run.checkpoint import CheckpointError
-    from fastsac.run.torch_runtime import configure_torch
+    from fastsac.process.torch_runtime import configure_torch
+    from fastsac.run_dir.checkpoint import CheckpointError
     configure_torch(process_setup.torch_threads(ctx))
     failures: tuple = ()
     if is_group(ctx.cfg):

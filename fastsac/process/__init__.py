@@ -1,2 +1,2 @@
-"""Process start-up shared by every role: binding first, logging, the NUMA check mode.
+"""Process start-up shared by every role: binding first, logging, torch settings, the NUMA check mode.
 """

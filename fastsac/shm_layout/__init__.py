@@ -25,6 +25,7 @@ Modules, each importing only those above it:
   ring_layout   the transition ring's byte format: slot layout (RingSpec, job_ring_spec), typed
                 views of a slot (SlotView) and of slots copied out (StagedSlots)
   ring          the SPSC transition ring (TransitionRing): producer and consumer protocol
+  policy_layout the flat policy vector a weight snapshot carries (its order and length)
   snapshot      weight snapshot (seqlock double buffer)
   eval_channel  the evaluator's channel: its liveness and its newest result (seqlock)
   control       control block: records, roles, stop flag, collector stats

@@ -29,9 +29,9 @@ from fastsac.common.seeds import eval_seed
 from fastsac.config import SEED_MAX
 from fastsac.envs.registry import make_env
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
-from fastsac.run.checkpoint import CheckpointError
-from fastsac.run.eval_episodes import eval_env_count, run_eval_episodes
-from fastsac.run.torch_runtime import configure_torch
+from fastsac.evaluation.episodes import eval_env_count, run_eval_episodes
+from fastsac.process.torch_runtime import configure_torch
+from fastsac.run_dir.checkpoint import CheckpointError
 from fastsac.tools import video
 from fastsac.tools.encoder import VIDEO_EXTRA_HINT
 from fastsac.tools.export import add_checkpoint_arg, load_for_env

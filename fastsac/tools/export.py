@@ -39,12 +39,12 @@ from torch import Tensor, nn
 
 from fastsac.algo.networks import Actor
 from fastsac.algo.normalizer import RunningNormalizer
-from fastsac.algo.policy_layout import actor_widths
 from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
 from fastsac.config import Config, config_from_dict
 from fastsac.envs.registry import make_env
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError
-from fastsac.run.checkpoint import CheckpointError, load_checkpoint, newest_valid
+from fastsac.run_dir.checkpoint import CheckpointError, load_checkpoint, newest_valid
+from fastsac.shm_layout.policy_layout import actor_widths
 from fastsac.tools.outputs import check_output, temp_path, write_failure
 
 FORMATS = ("torchscript", "onnx")

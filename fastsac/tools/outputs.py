@@ -3,7 +3,7 @@
 A tool's output never replaces a checkpoint: not the file it reads (`fastsac-export RUN/ckpt.pt
 ... RUN/ckpt.pt` would leave the run without one), not any other fastsac checkpoint, and nothing
 inside a run's checkpoints/ directory (the trainers prune and resume from there); nor any other
-file of a run's own (metrics.jsonl, tb/, logs/, wandb/, the lock: fastsac.run.run_dir), and an
+file of a run's own (metrics.jsonl, tb/, logs/, wandb/, the lock: fastsac.run_dir.contents), and an
 existing file only when the tool is told to replace it (fastsac-export --force). Symlinks are
 followed before the comparison (a loop is refused, naming the path). Every output goes to a hidden temp file next to it first and is
 renamed into place only once it is whole, so a failed write (full disk, I/O error) leaves the
@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 
 from fastsac.errors import ConfigError
-from fastsac.run.checkpoint import CKPT_GLOB, checkpoint_dir
-from fastsac.run.run_dir import own_file_of_a_run, peek_run_id, resolved
+from fastsac.run_dir.checkpoint import CKPT_GLOB, checkpoint_dir
+from fastsac.run_dir.contents import own_file_of_a_run, peek_run_id, resolved
 
 CHECKPOINTS_DIRNAME = checkpoint_dir(Path()).name
 

@@ -1,5 +1,5 @@
 """A checkpoint for the fastsac-export tests, written by the run's own save path
-(fastsac.run.state.save) from a FastSAC agent whose observation normalizer has non-trivial statistics."""
+(fastsac.training.state.save) from a FastSAC agent whose observation normalizer has non-trivial statistics."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ import torch
 
 from fastsac.config import config_from_dict
 from fastsac.envs.registry import EnvSpec, make_env
-from fastsac.run import state as run_state
+from fastsac.training import state as run_state
 
 
 def make_checkpoint(tmp_path: Path, task: str):

@@ -11,6 +11,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # deterministic, and f
 
 @pytest.mark.process
 def test_policy_layout_is_torch_free():
-    code = ("import sys; import fastsac.algo, fastsac.algo.policy_layout; "
+    code = ("import sys; import fastsac.algo, fastsac.shm_layout.policy_layout; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config
 
-from fastsac.run.checkpoint import load_checkpoint
+from fastsac.run_dir.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 

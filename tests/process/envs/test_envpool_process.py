@@ -68,7 +68,7 @@ def test_two_collectors_collect_envpool_episodes(ep, tmp_path, job_name):
         log = (run / "logs" / f"collector{i}.log").read_text()
         assert re.search(rf"envs {first}\.\.{last} of envpool:CheetahRun-v1 \(EnvPool on \d threads?, on the "
                          r"process's CPUs\)", log), log
-    from fastsac.run.checkpoint import load_checkpoint
+    from fastsac.run_dir.checkpoint import load_checkpoint
     ckpt = load_checkpoint(newest_checkpoint(run))
     assert ckpt["env_steps"] >= 20 * 5 and ckpt["agent"]["num_updates_done"] == 0
     assert job_segments(job_name) == []
@@ -80,7 +80,7 @@ def test_sync_trainer_learns_on_an_envpool_task(ep, tmp_path, job_name):
                       trainer={"num_iterations": 8, "asynchronous": False})
     proc = launch(cfg, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    from fastsac.run.checkpoint import load_checkpoint
+    from fastsac.run_dir.checkpoint import load_checkpoint
     ckpt = load_checkpoint(newest_checkpoint(tmp_path / "run"))
     assert ckpt["env_steps"] == 8 * 2 and ckpt["agent"]["num_updates_done"] > 0
     assert ckpt["agent"]["dims"] == {"obs_dim": 52, "critic_obs_dim": 114, "act_dim": 12}

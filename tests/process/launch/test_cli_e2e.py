@@ -11,7 +11,7 @@ import torch
 from support.e2e_helpers import job_segments, launch, newest_checkpoint, scalar_tags, tiny_config, wait_for
 from support.shm_jobs import _own_segments, _unlink_names, new_job_name
 
-from fastsac.run.checkpoint import load_checkpoint
+from fastsac.run_dir.checkpoint import load_checkpoint
 
 SYNC_TAGS = {"rollout/mean_return", "rollout/mean_ep_len", "perf/env_steps_per_s", "perf/updates_per_s",
              "perf/learn_pct", "train/qf_loss", "train/actor_loss", "train/alpha", "train/policy_entropy"}

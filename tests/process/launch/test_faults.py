@@ -28,7 +28,7 @@ import torch
 from support.e2e_helpers import job_segments, newest_checkpoint, tiny_config
 
 from fastsac import shm_layout as shm
-from fastsac.run.checkpoint import load_checkpoint
+from fastsac.run_dir.checkpoint import load_checkpoint
 
 TEST_TIMEOUT_S = 60
 HOOKS_DIR = Path(__file__).resolve().parents[2] / "support" / "fault_hooks"   # nan_env.py, sitecustomize.py (test-only)

@@ -197,7 +197,7 @@ def test_the_plan_of_the_sync_trainer_is_the_one_process_it_is(tmp_path, job_nam
 def test_the_plan_says_when_a_launch_would_be_refused_and_why(tmp_path, job_name, holder):
     """--plan exits 0 (the plan itself is valid) and names on stderr what would refuse the launch now."""
     from fastsac import shm_layout as shm
-    from fastsac.run.run_dir_lock import RunDirLock
+    from fastsac.run_dir.lock import RunDirLock
     cfg = tiny_config(tmp_path, job_name)
     run = tmp_path / "run"
     held = None

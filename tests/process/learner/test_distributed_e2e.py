@@ -16,7 +16,7 @@ import pytest
 from support.e2e_helpers import free_port, job_segments, launch, observe, scalar_tags, wait_for
 from support.shm_jobs import _own_segments, _unlink_names, new_job_name
 
-from fastsac.run.checkpoint import load_checkpoint
+from fastsac.run_dir.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

@@ -264,7 +264,7 @@ def worker_main(argv: list[str]) -> int:
     timeout_s = float(argv[5]) if len(argv) > 5 else GROUP_TIMEOUT_S
     torch.set_num_threads(1)
     from fastsac.learner.distributed import LearnerGroup
-    from fastsac.run.torch_runtime import configure_torch
+    from fastsac.process.torch_runtime import configure_torch
     configure_torch()                                  # as every fastsac process (and the test session) does
     group = LearnerGroup.join(group_config(port, world, timeout_s), rank, torch.device("cpu"), log=lambda m: None)
     try:

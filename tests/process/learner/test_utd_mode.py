@@ -22,13 +22,13 @@ import pytest
 from support.e2e_helpers import tiny_config
 
 from fastsac import shm_layout as shm
-from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.common.stopping import StopSignal
 from fastsac.common.transition import TransitionBatch
 from fastsac.config import load_config
 from fastsac.machine.plan import plan_job
 from fastsac.process.setup import machine_topology
 from fastsac.shm_layout.job_settings import job_settings
+from fastsac.shm_layout.policy_layout import policy_flat_numel
 
 NUM_ENVS, OBS_DIM, ACT_DIM = 8, 3, 1   # tiny_config's pendulum job
 PUSHED = 6                             # env-step batches the "collector" pushes before going quiet

@@ -14,7 +14,7 @@ import shutil
 import pytest
 from support.e2e_helpers import launch, tiny_config
 
-from fastsac.run.run_dir import run_outputs
+from fastsac.run_dir.contents import run_outputs
 
 NUM_COLLECTORS = 2
 
@@ -54,7 +54,7 @@ def test_a_second_check_with_the_same_run_dir_reports_only_its_own_processes(tmp
     for r in second_doc["reports"]:
         assert r["binding"] == binding and r["planned_node"] == (0 if binding == "numactl" else None), r
     # nothing but each check's process logs stays (the report directories go), named as no run's
-    # output (fastsac.run.run_dir): a fresh run may still use this run_dir
+    # output (fastsac.run_dir.contents): a fresh run may still use this run_dir
     logs = tmp_path / "run" / "logs"
     names = sorted(p.name for p in logs.iterdir())
     assert len(names) == 2 * 3 and all(re.fullmatch(r"numa-check\.[0-9a-f]{16}\.(collector[01]|learner)\.log", n)

@@ -34,7 +34,7 @@ def test_fastsac_has_no_import_cycles():
 
 
 # Packages the launcher, --plan, --status and the NUMA checks use: they never import torch.
-TORCH_FREE_PACKAGES = ["common", "config", "shm_layout", "machine", "launch"]
+TORCH_FREE_PACKAGES = ["common", "config", "shm_layout", "run_dir", "machine", "launch"]
 
 
 def modules_of(packages: list[str]) -> list[str]:
@@ -44,7 +44,7 @@ def modules_of(packages: list[str]) -> list[str]:
 
 # Modules the launcher, --plan and the NUMA checks import: they must not pay for torch.
 TORCH_FREE = [*modules_of(TORCH_FREE_PACKAGES), "fastsac.launcher", "fastsac.errors", "fastsac.envs.registry",
-              "fastsac.algo.policy_layout", "fastsac.run.eval_episodes", "fastsac.run.checkpoint"]
+              "fastsac.evaluation.episodes"]
 
 _IMPORT_WITHOUT_TORCH = """
 import importlib, sys
@@ -79,5 +79,5 @@ def test_imports_without_torch(module):
 @pytest.mark.process
 def test_checkpoint_does_not_import_the_shared_memory_layout():
     # checkpoint retention only asks whether a pid is alive (fastsac.common.procs)
-    loaded = import_alone("fastsac.run.checkpoint")
+    loaded = import_alone("fastsac.run_dir.checkpoint")
     assert "fastsac.common.procs" in loaded and not any(m.startswith("fastsac.shm_layout") for m in loaded), loaded

@@ -79,8 +79,8 @@ def test_eval_matches_the_trainers_deterministic_actions(sync_checkpoint):
 
     from fastsac.config import config_from_dict
     from fastsac.envs.registry import EnvSpec, make_env
-    from fastsac.run import state as run_state
-    from fastsac.run.checkpoint import load_checkpoint
+    from fastsac.run_dir.checkpoint import load_checkpoint
+    from fastsac.training import state as run_state
 
     payload = load_checkpoint(sync_checkpoint)
     cfg = config_from_dict(payload["config"])

@@ -2,7 +2,7 @@
 deterministic actions (FastSAC.act(..., deterministic=True)) on real env observations, at any
 batch size; bad input is exit 2 with nothing written.
 
-Checkpoints are written by the run's own save path (fastsac.run.state.save) from a FastSAC agent
+Checkpoints are written by the run's own save path (fastsac.training.state.save) from a FastSAC agent
 whose observation normalizer has non-trivial statistics, so a normalizer left out or applied
 twice would show.
 """

@@ -44,7 +44,7 @@ if _COMPILE_DELAY > 0 or _SAVE_DELAY > 0:
         algo.FastSAC.__init__ = __init__
 
     def _patch_slow_save() -> None:
-        from fastsac.run import state as run_state
+        from fastsac.training import state as run_state
         original_save = run_state.save
 
         def slow_save(*args, **kwargs):
@@ -66,7 +66,7 @@ if _COMPILE_DELAY > 0 or _SAVE_DELAY > 0:
     sys.meta_path.insert(0, _PatchOnLearnerImport())
 
 
-# FASTSAC_TEST_SAVE_FAIL=<ERRNO>:<which> (for tests/process/run/test_checkpoint_cli.py): checkpoint writes fail
+# FASTSAC_TEST_SAVE_FAIL=<ERRNO>:<which> (for tests/process/run_dir/test_checkpoint_cli.py): checkpoint writes fail
 # like a full or failing disk in the process that trains (the learner, or the launcher running the
 # synchronous trainer). <which> is "all" or a comma list of 1-based save attempts ("1" = the first).
 # A failing write puts 4 KiB of the file on disk first, then raises OSError(<ERRNO>), as write(2)

@@ -9,8 +9,8 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.policy import InferencePolicy
-from fastsac.algo.policy_layout import actor_param_shapes, policy_flat_numel, trunk_widths
 from fastsac.config import AlgoConfig
+from fastsac.shm_layout.policy_layout import actor_param_shapes, policy_flat_numel, trunk_widths
 
 LOW, HIGH = np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
 

@@ -12,8 +12,8 @@ from support.eval_runs import PENDULUM_STEPS
 
 from fastsac.common.seeds import resolve_eval_seed
 from fastsac.config import config_from_dict
-from fastsac.run import eval_episodes
-from fastsac.run.eval_episodes import quotas, run_eval_episodes
+from fastsac.evaluation import episodes as eval_episodes
+from fastsac.evaluation.episodes import quotas, run_eval_episodes
 from fastsac.shm_layout.eval_channel import pack_weights, snapshot_numel, unpack_tag
 
 

@@ -35,15 +35,16 @@ def test_cycle_finder_sees_cycles_through_functions_and_packages(tmp_path):
 
 
 # The layers, bottom first (docs/design.md): a module imports only from its own package or
-# from packages on a lower floor. Packages on one floor never import each other: the four roles
-# (collector, learner, evaluation, sync) meet only in shared memory and the layers below them.
+# from packages on a lower floor. Packages on one floor never import each other: the three training
+# roles (collector, learner, sync) meet only in shared memory and the layers below them; the
+# evaluator's process (evaluation/) sits below them, as the trainers run its episodes too.
 LAYERS = [
-    ["errors"], ["common"], ["envs"], ["config"], ["shm_layout"], ["machine"], ["process"], ["algo"], ["run"],
-    ["collector", "learner", "evaluation", "sync"], ["launch", "tools"],
+    ["errors"], ["common"], ["envs"], ["config"], ["shm_layout", "run_dir"], ["machine"], ["process"], ["algo"],
+    ["evaluation"], ["training"], ["collector", "learner", "sync"], ["launch", "tools"],
     ["launcher", "collector_main", "learner_main", "evaluator_main"],     # the entry points users type
 ]
 FLOOR = {pkg: floor for floor, pkgs in enumerate(LAYERS) for pkg in pkgs}
-ROLES = LAYERS[9]
+ROLES = LAYERS[10]
 
 
 def test_every_package_has_a_floor():
@@ -71,7 +72,7 @@ def test_imports_only_go_down_the_layers():
 
 def test_the_layer_check_catches_upward_and_peer_imports():
     """Negative control on a made-up graph: an import up, one between two roles, one down."""
-    graph = {"fastsac.config.schema": {"fastsac.run.state": 3},            # up
+    graph = {"fastsac.config.schema": {"fastsac.training.state": 3},       # up
              "fastsac.collector.loop": {"fastsac.learner.feed": 7},          # between roles
              "fastsac.learner.loop": {"fastsac.algo.fastsac": 9}}            # down: fine
     bad = layer_violations(graph)
@@ -84,6 +85,16 @@ def test_the_roles_never_import_each_other():
     crossings = [(m, t) for m, edges in graph.items() for t in edges
                  if package_of(m) in ROLES and package_of(t) in ROLES and package_of(m) != package_of(t)]
     assert not crossings, crossings
+
+
+def test_only_its_entry_point_imports_the_evaluator_process():
+    """The evaluator's process meets the trainers in shared memory only, like the roles: the trainers
+    import evaluation's episodes, result and watch, never the evaluator's loop or start-up."""
+    graph = import_graph(REPO, "fastsac")
+    process = {"fastsac.evaluation.evaluator", "fastsac.evaluation.main"}
+    importers = sorted(m for m, edges in graph.items() for t in edges
+                       if t in process and m not in process and m != "fastsac.evaluator_main")
+    assert not importers, importers
 
 
 def _function_level_imports(path: Path):

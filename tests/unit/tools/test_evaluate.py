@@ -16,7 +16,7 @@ def test_before_step_sees_each_counted_step_and_changes_nothing():
     import torch
 
     from fastsac.envs.registry import make_env
-    from fastsac.run.eval_episodes import run_eval_episodes
+    from fastsac.evaluation.episodes import run_eval_episodes
     from fastsac.tools.evaluate import deterministic_actions
 
     def run_episodes(actor, env, seed, before_step=None, per_env=1):

@@ -2,7 +2,7 @@
 deterministic actions (FastSAC.act(..., deterministic=True)) on real env observations, at any
 batch size; bad input is exit 2 with nothing written.
 
-Checkpoints are written by the run's own save path (fastsac.run.state.save) from a FastSAC agent
+Checkpoints are written by the run's own save path (fastsac.training.state.save) from a FastSAC agent
 whose observation normalizer has non-trivial statistics, so a normalizer left out or applied
 twice would show.
 """
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated
 
 
 def test_a_written_file_that_does_not_reproduce_the_actor_is_an_error_and_is_not_kept(tmp_path, monkeypatch):
-    from fastsac.run.checkpoint import load_checkpoint
+    from fastsac.run_dir.checkpoint import load_checkpoint
     from fastsac.tools import export
     path, _ = make_checkpoint(tmp_path, "pendulum")
     payload = load_checkpoint(path)

@@ -20,10 +20,10 @@ import os
 from pathlib import Path
 
 from fastsac import shm_layout as shm
-from fastsac.algo.policy_layout import policy_flat_numel
 from fastsac.envs.registry import make_env
 from fastsac.machine.binding import numa_maps_pages, read_binding
-from fastsac.run.run_dir import LOGS_DIR, NUMA_CHECK_PREFIX
+from fastsac.run_dir.contents import LOGS_DIR, NUMA_CHECK_PREFIX
+from fastsac.shm_layout.policy_layout import policy_flat_numel
 
 REPORT_PREFIX = "NUMA-CHECK "
 

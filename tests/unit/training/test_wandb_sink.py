@@ -8,8 +8,8 @@ import pytest
 
 from fastsac.config import ConfigError, config_from_dict
 from fastsac.launch import preflight
-from fastsac.run import wandb_sink
-from fastsac.run.telemetry import MetricsLogger
+from fastsac.training import wandb_sink
+from fastsac.training.telemetry import MetricsLogger
 
 
 def _cfg(tmp_path, **wandb):

@@ -1,11 +1,11 @@
 """What a run_dir holds, and which run may write into it: one training lineage per run_dir
 (torch-free: the launcher runs these checks before it spawns or creates anything).
 
-    checkpoints/ckpt_*.pt   the checkpoints (fastsac.run.checkpoint)
-    metrics.jsonl, tb/      the scalars (fastsac.run.telemetry)
+    checkpoints/ckpt_*.pt   the checkpoints (fastsac.run_dir.checkpoint)
+    metrics.jsonl, tb/      the scalars (fastsac.training.telemetry)
     logs/                   every process's log (logs/numa-check.*: --check-numa's reports, no run's output)
-    wandb/                  Weights & Biases' files (fastsac.run.wandb_sink)
-    .fastsac.lock           the lock of the job running in it (fastsac.run.run_dir_lock)
+    wandb/                  Weights & Biases' files (fastsac.training.wandb_sink)
+    .fastsac.lock           the lock of the job running in it (fastsac.run_dir.lock)
 
 A lineage is one run id, continued across resumes. A fresh run (resume '') needs a run_dir
 without any run output: appending to a killed run's metrics or TensorBoard files mixes two runs
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastsac.config import ConfigError
-from fastsac.run.checkpoint import CKPT_GLOB, checkpoint_dir
-from fastsac.run.run_dir_lock import LOCK_NAME
+from fastsac.run_dir.checkpoint import CKPT_GLOB, checkpoint_dir
+from fastsac.run_dir.lock import LOCK_NAME
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"

@@ -2,7 +2,7 @@
 job's env steps, never on the last one, and the same cadence after a resume."""
 from __future__ import annotations
 
-from fastsac.run.schedule import RunSchedule
+from fastsac.training.schedule import RunSchedule
 
 
 def due_iterations(schedule: RunSchedule, batch: int, start_it: int, end_it: int) -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 from support.checkpoint_bytes import flip_tensor_bytes
 from support.e2e_helpers import job_segments, launch, tiny_config
 
-from fastsac.run.checkpoint import CheckpointError, load_checkpoint
+from fastsac.run_dir.checkpoint import CheckpointError, load_checkpoint
 
 HOOKS_DIR = Path(__file__).resolve().parents[2] / "support" / "fault_hooks"
 MODES = ["sync", "async"]

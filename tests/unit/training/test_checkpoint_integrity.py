@@ -1,8 +1,8 @@
 """Checkpoints lose nothing: run identity and write order drive retention, a checksum catches
 corruption, non-finite states are refused, failed saves keep what was there.
 
-These drive the real save/restore of both trainers (fastsac.run.state) on a small FastSAC
-agent in one process; tests/process/run/test_checkpoint_cli.py runs the same faults through the CLI.
+These drive the real save/restore of both trainers (fastsac.training.state) on a small FastSAC
+agent in one process; tests/process/run_dir/test_checkpoint_cli.py runs the same faults through the CLI.
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from support.checkpoint_bytes import tensor_records
-from fastsac.run import checkpoint as ck
-from fastsac.run import run_dir
-from fastsac.run import state as run_state
-from fastsac.run.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid
 from fastsac.config import load_config
 from fastsac.envs.registry import EnvSpec
+from fastsac.run_dir import checkpoint as ck
+from fastsac.run_dir import contents as run_dir
+from fastsac.run_dir.checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, newest_valid
+from fastsac.training import state as run_state
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

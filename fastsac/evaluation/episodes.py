@@ -2,7 +2,7 @@
 
 Every evaluating role uses it: the synchronous trainer inline (`InlineEvaluator`), the async
 job's evaluator process (fastsac.evaluation.evaluator), fastsac-eval; the result record every
-trainer logs the same way is fastsac.common.eval_result. The policy is
+trainer logs the same way is fastsac.evaluation.result. The policy is
 the deterministic one (tanh of the mean, scaled to the action bounds) with the observation
 normalizer read-only; the caller passes it as `act(obs) -> actions`.
 
@@ -21,9 +21,9 @@ from typing import Callable
 
 import numpy as np
 
-from fastsac.common.eval_result import summarize
 from fastsac.common.seeds import resolve_eval_seed
 from fastsac.envs.registry import make_env
+from fastsac.evaluation.result import summarize
 
 STEP_CALLBACK_S = 0.1   # how often on_step runs (heartbeat, stop check) during the episodes
 

@@ -7,7 +7,7 @@ from support.fake_cuda import FakeCuda
 from support.fake_sysfs import two_gpus, two_nodes
 
 from fastsac.errors import ConfigError
-from fastsac.run import torch_runtime as rt
+from fastsac.process import torch_runtime as rt
 
 
 @pytest.fixture

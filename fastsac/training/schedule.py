@@ -3,8 +3,8 @@
 Both count iterations as env-step batches of the job (env.num_envs transitions; a learner
 group: the sum over its machines), so `checkpoint.interval` means the same in either trainer
 and across a resume: a checkpoint every interval iterations of the job's env steps, never on
-the last one (the final checkpoint is written then). Logging (fastsac.run.telemetry.Telemetry.due)
-and evaluation (fastsac.run.eval_episodes.next_due) keep their cadence on the same count.
+the last one (the final checkpoint is written then). Logging (fastsac.training.telemetry.Telemetry.due)
+and evaluation (fastsac.evaluation.episodes.next_due) keep their cadence on the same count.
 """
 from __future__ import annotations
 

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from fastsac.common.episodes import EpisodeWindow
-from fastsac.common.eval_result import line, scalars
-from fastsac.run.checkpoint import fsync_dir
-from fastsac.run.run_dir import METRICS_FILE, TB_DIR, Lineage
+from fastsac.evaluation.result import line, scalars
+from fastsac.run_dir.checkpoint import fsync_dir
+from fastsac.run_dir.contents import METRICS_FILE, TB_DIR, Lineage
 
 
 def format_duration(seconds: float) -> str:
@@ -70,7 +70,7 @@ def rewind_metrics(path: Path, upto: int | None, run_id: str) -> int:
 class MetricsLogger:
     """Writes scalars to TensorBoard (run_path/tb), to run_path/metrics.jsonl (one JSON object per
     call: env_steps, wall_time, the run id and this start's incarnation, and the scalars by their
-    TensorBoard names) and optionally to W&B (fastsac.run.wandb_sink), and lines to stdout.
+    TensorBoard names) and optionally to W&B (fastsac.training.wandb_sink), and lines to stdout.
 
     `lineage` (the run this process continues): both files start where its checkpoint is. Rows
     past the resumed checkpoint's env step are dropped from metrics.jsonl and TensorBoard purges
@@ -94,7 +94,7 @@ class MetricsLogger:
             self.jsonl = open(Path(run_path) / METRICS_FILE, "a", buffering=1)   # line-buffered
             if cfg is not None and cfg.logging.wandb.enabled:
                 try:
-                    from fastsac.run.wandb_sink import WandbSink   # the optional extra, only when asked for
+                    from fastsac.training.wandb_sink import WandbSink   # the optional extra, only when asked for
                     self.wandb = WandbSink(cfg)
                 except Exception as exc:   # noqa: BLE001 -- any W&B failure: W&B only is lost
                     self._wandb_failed("could not start", exc)
@@ -221,7 +221,7 @@ class Telemetry:
 
     def log_eval(self, result: dict) -> None:
         """An evaluation's eval/* scalars at the env step of the weights it evaluated, and its line
-        (fastsac.run.eval_episodes); the env step may lie behind the progress line's."""
+        (fastsac.evaluation.episodes); the env step may lie behind the progress line's."""
         self.metrics.scalars(result["env_steps"], scalars(result))
         self.metrics.line(line(result))
         self.last_eval = result

@@ -1,4 +1,4 @@
-"""One lineage per run_dir through the real CLI (fastsac.run.run_dir, fastsac.run.telemetry): a
+"""One lineage per run_dir through the real CLI (fastsac.run_dir.contents, fastsac.training.telemetry): a
 killed run's metrics are no place for a fresh run, a checkpoint of another run is no start for
 this run_dir, a crash and `resume=auto` leave metrics.jsonl and TensorBoard without repeated or
 backward steps, and a finished run resumed writes nothing."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support.e2e_helpers import job_segments, launch, scalar_tags, tiny_config
 
-from fastsac.run.checkpoint import load_checkpoint
+from fastsac.run_dir.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -13,13 +13,13 @@ import torch
 
 from fastsac.algo.fastsac import FastSAC
 from fastsac.algo.replay_buffer import ReplayBuffer
-# CheckpointSaveError and check_run_dir_lineage: both trainers reach them through this module
-from fastsac.run.checkpoint import (CheckpointError, CheckpointSaveError, RunCheckpoints, check_compatible,
-                                find_resume, to_device)
-from fastsac.run.run_dir import Lineage, check_run_dir_lineage
+from fastsac.common.transition import TransitionBatch
 from fastsac.config import Config, config_to_dict
 from fastsac.envs.registry import EnvSpec
-from fastsac.common.transition import TransitionBatch
+# CheckpointSaveError and check_run_dir_lineage: both trainers reach them through this module
+from fastsac.run_dir.checkpoint import (CheckpointError, CheckpointSaveError, RunCheckpoints, check_compatible,
+                                        find_resume, to_device)
+from fastsac.run_dir.contents import Lineage, check_run_dir_lineage
 
 
 def build_agent(cfg: Config, spec: EnvSpec, action_low: np.ndarray, action_high: np.ndarray,

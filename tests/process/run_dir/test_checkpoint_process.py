@@ -1,5 +1,5 @@
 """Checkpoint files: atomic verified writes, retention by run and write order, leftovers of killed
-writers, corrupt and foreign files (tests/unit/run/test_checkpoint_integrity.py drives the trainers' save/restore)."""
+writers, corrupt and foreign files (tests/unit/training/test_checkpoint_integrity.py drives the trainers' save/restore)."""
 import subprocess
 import sys
 from pathlib import Path

@@ -16,7 +16,7 @@ from pathlib import Path
 import wandb  # the optional extra: this module is imported only when logging.wandb.enabled
 
 from fastsac.config import config_to_dict
-from fastsac.run.run_dir import WANDB_DIR
+from fastsac.run_dir.contents import WANDB_DIR
 
 STEP_METRIC = "env_steps"
 RUN_ID_FILE = "fastsac_run_id"

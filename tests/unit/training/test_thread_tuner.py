@@ -1,10 +1,10 @@
-"""fastsac.run.thread_tuner against a simulated machine: an update's time depends on the thread
+"""fastsac.training.thread_tuner against a simulated machine: an update's time depends on the thread
 count and on whether a neighbour process takes one of the CPUs (numbers as measured on 2 cores:
 quiet 72 vs 54 updates/s at 2 and 1 threads; beside a busy process 21 vs 63)."""
 from __future__ import annotations
 
-from fastsac.run import thread_tuner
-from fastsac.run.thread_tuner import ThreadTuner
+from fastsac.training import thread_tuner
+from fastsac.training.thread_tuner import ThreadTuner
 
 QUIET = {2: 1 / 72, 1: 1 / 54}
 LOADED = {2: 1 / 21, 1: 1 / 63}

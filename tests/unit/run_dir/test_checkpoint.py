@@ -1,12 +1,12 @@
 """Checkpoint files: atomic verified writes, retention by run and write order, leftovers of killed
-writers, corrupt and foreign files (tests/unit/run/test_checkpoint_integrity.py drives the trainers' save/restore)."""
+writers, corrupt and foreign files (tests/unit/training/test_checkpoint_integrity.py drives the trainers' save/restore)."""
 import os
 import random
 
 import pytest
 import torch
 
-from fastsac.run.checkpoint import (
+from fastsac.run_dir.checkpoint import (
     FORMAT,
     CheckpointError,
     RunCheckpoints,

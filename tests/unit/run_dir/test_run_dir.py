@@ -1,4 +1,4 @@
-"""One run per run_dir (fastsac.run.run_dir): what counts as a run's output, the refusal of a
+"""One run per run_dir (fastsac.run_dir.contents): what counts as a run's output, the refusal of a
 fresh run into a used run_dir and of a checkpoint of another run, the torch-free run id peek,
 and which paths are a run's own files."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fastsac.config import ConfigError
-from fastsac.run.checkpoint import RunCheckpoints, read_header
-from fastsac.run.run_dir import check_run_dir_lineage, own_file_of_a_run, peek_run_id, run_outputs
+from fastsac.run_dir.checkpoint import RunCheckpoints, read_header
+from fastsac.run_dir.contents import check_run_dir_lineage, own_file_of_a_run, peek_run_id, run_outputs
 
 
 def _payload(steps):

@@ -135,8 +135,12 @@ def _fast_tier_starts_no_process(request, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def torch_runtime():
     """The process-wide torch settings every fastsac process makes at start (subnormals flushed)."""
+    from fastsac.algo.cpu_kernels import kernels_in_use
     from fastsac.process.torch_runtime import configure_torch
     configure_torch()
+    # the CPU update's C kernels are compiled (a compiler process, once per machine) and loaded once
+    # per process: here, not in whichever fast-tier test first updates an agent
+    kernels_in_use()
     yield
 
 

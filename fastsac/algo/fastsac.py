@@ -23,9 +23,12 @@ Observations are stored raw and normalized here with the current running statist
 Log-probs and the critic's action input live in the unit box, see networks.py.
 
 How it is computed: the two Q-nets are independent until the optimizer step, so each twin's half
-(its target projection, loss and gradients; in the actor step its Q and dQ/da) runs on its own
-thread on a CPU with two or more (TwinRunner); the actor backpropagates the twins' mean dQ/da.
-Every optimizer is fused AdamW. Observations are normalized once per batch and normalizer.
+(its target projection, loss and gradients, its AdamW step and Polyak average; in the actor step
+its Q and dQ/da) runs on its own thread on a CPU with two or more (TwinRunner); the actor, on the
+calling thread, backpropagates the twins' mean dQ/da. On a CPU, forward and backward are computed
+by hand with fused kernels (hand_grads.py); on CUDA by autograd, optionally compiled. Every
+optimizer is fused AdamW, stepped without optimizer.step()'s Python (adamw_step.py).
+Observations are normalized once per batch and normalizer.
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fastsac.algo.adamw_step import fused_adamw_step
+from fastsac.algo.hand_grads import ActorTape, HandGrads
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.normalizer import RunningNormalizer
 from fastsac.algo.twin_runner import TwinRunner
@@ -68,7 +73,6 @@ class FastSAC:
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self._actor_params = list(self.actor.parameters())
         self._critic_params = list(self.critic.parameters())
-        self._target_params = list(self.critic_target.parameters())
         self.obs_normalizer = RunningNormalizer(obs_dim, enabled=cfg.obs_normalization).to(dev)
         self.critic_obs_normalizer = RunningNormalizer(critic_in, enabled=cfg.obs_normalization).to(dev)
 
@@ -94,7 +98,11 @@ class FastSAC:
         self._nets = (self.critic.q1, self.critic.q2)
         self._target_nets = (self.critic_target.q1, self.critic_target.q2)
         self._net_params = tuple(list(net.parameters()) for net in self._nets)
+        self._target_net_params = tuple(list(net.parameters()) for net in self._target_nets)
         self._twins = TwinRunner(dev)
+        # on a CPU, forward and backward by hand with fused kernels (hand_grads.py); else autograd
+        self._by_hand = HandGrads(self.actor, self._nets, self._target_nets, self.critic.support, cfg.v_min,
+                                  cfg.v_max) if dev.type == "cpu" else None
 
         # bf16 autocast and torch.compile only pay off (and are only tested) on CUDA
         self.amp = bool(cfg.amp and on_cuda)
@@ -166,6 +174,8 @@ class FastSAC:
 
     def _critic_net_grads(self, k: int, next_x: Tensor, x: Tensor, target_atoms: Tensor):
         """One twin's half of the critic step (on its own thread, see TwinRunner): loss, mean Q, grads."""
+        if self._by_hand is not None:
+            return self._by_hand.critic_net_grads(k, next_x, x, target_atoms)
         loss, q_value = self._critic_loss(k, next_x, x, target_atoms)
         return loss.detach(), q_value, torch.autograd.grad(loss, self._net_params[k])
 
@@ -175,37 +185,32 @@ class FastSAC:
 
     def _q_action_grad(self, k: int, x: Tensor) -> tuple[Tensor, Tensor]:
         """One twin's half of the actor step: Q_k at x [B] and d(sum Q_k)/dx (x's rows are independent)."""
+        if self._by_hand is not None:
+            return self._by_hand.q_action_grad(k, x)
         x = x.detach().requires_grad_(True)
         q = self._q(k, x)
         return q.detach(), torch.autograd.grad(q.sum(), x)[0]
 
-    def _row_parts(self, n: int) -> list[slice]:
-        """The batch rows of each thread's share of the actor's work: two halves when the twins
-        run in parallel (the actor's rows are as independent as the twins), else one part."""
-        return [slice(0, n // 2), slice(n // 2, n)] if self._twins.parallel else [slice(0, n)]
-
-    def _each_part(self, parts: list[slice], fn: Callable[..., T], *args) -> list[T]:
-        return list(self._twins.run(fn, parts, *args)) if len(parts) == 2 else [fn(0, parts, *args)]
-
-    def _sample_part(self, h: int, parts: list[slice], obs_n: Tensor, noise: Tensor, grad: bool):
-        """The actor's action and log-prob for rows parts[h] (grad and autocast are per thread)."""
-        with torch.set_grad_enabled(grad), self._autocast():
-            return self.actor.sample(obs_n[parts[h]], noise=noise[parts[h]])
-
     def _noise(self, obs_n: Tensor) -> Tensor:
-        """The actor's eps for a batch, drawn once: the same draws as one actor.sample call."""
+        """The actor's eps for a batch, drawn before the step that uses it (a rerun after a compile
+        fallback reuses it): the same draws as one actor.sample call."""
         return torch.randn(obs_n.shape[0], self.act_dim, device=obs_n.device)
 
-    def _sample(self, obs_n: Tensor, noise: Tensor, grad: bool) -> tuple[list[slice], list[tuple[Tensor, Tensor]]]:
-        """a ~ pi(.|s) for a batch of normalized observations, its rows split over the threads."""
-        parts = self._row_parts(obs_n.shape[0])
-        return parts, self._each_part(parts, self._sample_part, obs_n, noise, grad)
+    def _sample(self, obs_n: Tensor, noise: Tensor, grad: bool) -> tuple[Tensor, Tensor, ActorTape | None]:
+        """a ~ pi(.|s) and log pi(a|s) for a batch of normalized observations, and (by hand, with
+        grad) the tape the actor's backward needs; with autograd the graph is in the tensors."""
+        if self._by_hand is not None:
+            return self._by_hand.sample(obs_n, noise, save=grad)
+        with torch.set_grad_enabled(grad), self._autocast():
+            return *self.actor.sample(obs_n, noise=noise), None
 
-    def _actor_part_grads(self, h: int, parts: list[slice], xs: list[Tensor], log_probs: list[Tensor],
-                          dx: Tensor, dlog_prob: Tensor) -> tuple[Tensor, ...]:
-        """The actor's gradients from rows parts[h]: backpropagate dL/dx and dL/dlog_prob."""
-        return torch.autograd.grad([xs[h], log_probs[h]], self._actor_params,
-                                   [dx[parts[h]], dlog_prob.expand_as(log_probs[h])])
+    def _actor_grads(self, sampled: tuple[Tensor, Tensor, ActorTape | None], daction: Tensor,
+                     dlog_prob: Tensor) -> Sequence[Tensor]:
+        """The actor's gradients: backpropagate dL/daction and dL/dlog_prob (the same for every row)."""
+        action, log_prob, tape = sampled
+        if tape is not None:
+            return self._by_hand.actor_grads(tape, daction, dlog_prob)
+        return torch.autograd.grad([action, log_prob], self._actor_params, [daction, dlog_prob.expand_as(log_prob)])
 
     # ------------------------------------------------------------------ one gradient step
     def update(self, batch: dict) -> dict[str, Tensor]:
@@ -217,10 +222,9 @@ class FastSAC:
         critic_in = self._critic_input(obs, batch.get("critic_obs"))      # normalized once, used twice
 
         next_obs_n = self.obs_normalizer(next_obs)
-        _, sampled = self._sample(next_obs_n, self._noise(next_obs_n), grad=False)
+        next_action, next_log_prob, _ = self._sample(next_obs_n, self._noise(next_obs_n), grad=False)
         with torch.no_grad(), self._autocast():
-            next_action = torch.cat([a for a, _ in sampled])
-            next_log_prob = torch.cat([lp for _, lp in sampled]).float()
+            next_log_prob = next_log_prob.float()
             # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
             soft_next = self.critic.support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)    # [B, N]
             scale = (batch["discount"] * batch["bootstrap"]).unsqueeze(1)
@@ -230,14 +234,13 @@ class FastSAC:
         # each net learns its own target distribution; the losses add up over the two nets
         halves = self._guarded("critic", lambda: self._twins.run(self._critic_net_grads, next_x, x, target_atoms))
         qf_loss, q_value = halves[0][0] + halves[1][0], (halves[0][1] + halves[1][1]) / 2
-        self._step(self.critic_optimizer, self._critic_params, [*halves[0][2], *halves[1][2]])
-        with torch.no_grad():
-            # Polyak averaging: target <- target + tau * (online - target)
-            torch._foreach_lerp_(self._target_params, self._critic_params, cfg.tau)
+        self._install(self._critic_params, [*halves[0][2], *halves[1][2]])
+        self._twins.run(self._critic_net_step)
         if cfg.autotune_alpha:
-            alpha_loss = -(self.log_alpha.exp() * (next_log_prob + self.target_entropy)).mean()
-            self._step(self.alpha_optimizer, [self.log_alpha], torch.autograd.grad(alpha_loss, [self.log_alpha]),
-                       clip=False)
+            # d/dlog_alpha of -mean(alpha * (log pi(a'|s') + target_entropy)), alpha = exp(log_alpha)
+            alpha_grad = -(self.log_alpha.detach().exp() * (next_log_prob + self.target_entropy).mean())
+            self._install([self.log_alpha], [alpha_grad], clip=False)
+            fused_adamw_step(self.alpha_optimizer, [self.log_alpha], [self.log_alpha.grad])
         self._num_updates += 1
 
         if self._num_updates % cfg.policy_frequency == 0:
@@ -247,37 +250,42 @@ class FastSAC:
     def _actor_step(self, obs: Tensor, critic_in: Tensor, alpha: Tensor) -> None:
         """Minimize mean(alpha * log pi(a|s) - (Q1 + Q2) / 2) over the actor's parameters: each twin
         gives dQ/da on its own thread, the actor backpropagates their mean and alpha / B per
-        log-prob, its rows split over the threads too (the critics' weight gradients are neither
-        needed nor computed)."""
+        log-prob (the critics' weight gradients are neither needed nor computed)."""
         obs_n = self.obs_normalizer(obs)
         batch, noise = obs_n.shape[0], self._noise(obs_n)     # drawn once: a rerun after a fallback reuses it
 
         def grads() -> tuple[list[Tensor], Tensor, Tensor]:
-            parts, sampled = self._sample(obs_n, noise, grad=True)
-            log_probs = [lp for _, lp in sampled]
-            xs = [self.critic.joint_input(critic_in[rows], a) for rows, (a, _) in zip(parts, sampled)]
-            (q1, dq1), (q2, dq2) = self._twins.run(self._q_action_grad, torch.cat([x.detach() for x in xs]))
-            # d/dx of -mean((Q1 + Q2) / 2): the rows' Q gradients, summed over the twins, / (2 B)
-            dx, dlog_prob = (dq1 + dq2) / (-2.0 * batch), alpha / batch
-            per_part = self._each_part(parts, self._actor_part_grads, xs, log_probs, dx, dlog_prob)
-            log_prob = torch.cat([lp.detach() for lp in log_probs])
+            sampled = self._sample(obs_n, noise, grad=True)
+            (q1, dq1), (q2, dq2) = self._twins.run(self._q_action_grad,
+                                                   self.critic.joint_input(critic_in, sampled[0].detach()))
+            # d/da of -mean((Q1 + Q2) / 2): the rows' Q gradients (the action's columns of the critics'
+            # input), summed over the twins, / (2 B)
+            daction, dlog_prob = (dq1 + dq2)[:, -self.act_dim:] / (-2.0 * batch), alpha / batch
+            log_prob = sampled[1].detach()
             loss = (alpha * log_prob - (q1 + q2) / 2).mean()
-            return [sum(g) for g in zip(*per_part)], loss, log_prob
+            return self._actor_grads(sampled, daction, dlog_prob), loss, log_prob
 
         actor_grads, actor_loss, log_prob = self._guarded("actor", grads)
-        self._step(self.actor_optimizer, self._actor_params, actor_grads)
+        self._install(self._actor_params, actor_grads)
+        fused_adamw_step(self.actor_optimizer, self._actor_params, [p.grad for p in self._actor_params])
         self._actor_metrics = {"actor_loss": actor_loss, "policy_entropy": -log_prob.mean()}
 
-    def _step(self, optimizer: torch.optim.Optimizer, params: list[Tensor], grads: Sequence[Tensor],
-              clip: bool = True) -> None:
-        """Install the gradients, average them over learner ranks, clip, step."""
+    def _install(self, params: list[Tensor], grads: Sequence[Tensor], clip: bool = True) -> None:
+        """Install the gradients, average them over learner ranks, clip: what the step reads."""
         for p, g in zip(params, grads):
             p.grad = g
         if self.grad_sync is not None:
             self.grad_sync(params)
         if clip and self.cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
-        optimizer.step()
+
+    @torch.no_grad()
+    def _critic_net_step(self, k: int) -> None:
+        """Twin k's AdamW step and Polyak averaging, target <- target + tau * (online - target)
+        (element-wise: each twin on its own thread gives what one step of all does)."""
+        params = self._net_params[k]
+        fused_adamw_step(self.critic_optimizer, params, [p.grad for p in params])
+        torch._foreach_lerp_(self._target_net_params[k], params, self.cfg.tau)
 
     def _guarded(self, name: str, step: Callable[[], T]) -> T:
         """step() (a loss and its gradients, before any optimizer step). With torch.compile: if the

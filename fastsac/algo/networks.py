@@ -62,7 +62,10 @@ class Actor(nn.Module):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """Normalized obs -> (mean, log_std) of the pre-tanh Gaussian, float32 even under autocast."""
-        h = self.trunk(obs)
+        return self.heads(self.trunk(obs))
+
+    def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The trunk's output -> (mean, log_std) of the pre-tanh Gaussian, float32."""
         mean = self.mean_head(h).float()
         log_std = torch.tanh(self.log_std_head(h).float())
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1.0)
@@ -84,6 +87,11 @@ class Actor(nn.Module):
             eps = noise
         else:
             eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return self.squash(mean, log_std, eps)
+
+    @staticmethod
+    def squash(mean: Tensor, log_std: Tensor, eps: Tensor) -> tuple[Tensor, Tensor]:
+        """(tanh(u), log pi) for u = mean + exp(log_std) * eps: the second half of sample."""
         u = mean + log_std.exp() * eps
         log_prob = -0.5 * eps.square() - log_std - _HALF_LOG_2PI
         log_prob = log_prob - 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))

@@ -1,11 +1,15 @@
-"""The product's update (twin halves, fused AdamW, on one or two threads) against the update as it
-was (benchmarks/reference_update.py: one twin-critic loss and backward, per-tensor AdamW): from
-the same weights, seeds and batches, the same losses, gradients and parameters after K steps.
+"""The product's update (twin halves, fused AdamW, on one or two threads; on the CPU by hand with
+fused kernels, and with autograd as on CUDA) against the update as it was
+(benchmarks/reference_update.py: one twin-critic loss and backward, per-tensor AdamW): from the
+same weights, seeds and batches, the same losses, gradients and parameters after K steps.
 
-Tolerance: fp32, |new - ref| <= ATOL + RTOL * |ref|. The two differ only in the order of float
-sums (the fused AdamW kernel, the twins' Q gradients added before the actor's backward), a few
-ulps per step that AdamW's normalised steps carry along: measured, the largest parameter
-difference after K steps is 1.4e-7, the largest gradient difference 3e-8."""
+Tolerance: fp32, |new - ref| <= ATOL + RTOL * |ref|. The autograd path differs from the reference
+only in the order of float sums (measured: parameters 1.4e-7, gradients 3e-8 apart after K steps).
+The path by hand also computes LayerNorm + SiLU with other roundings (its own exp, ~1 ulp), and
+AdamW's first step, lr * g / (|g| + 1e-8), turns rounding-level differences of a gradient element
+near zero into differences of a few % of lr in that element's step: PARAM_ATOL_BY_HAND is 2% of
+the test's lr. For scale, the reference against itself with its initial weights moved by 1 ulp
+ends up to 5.7e-6 apart after K steps (4 perturbations); the path by hand, at most 6.4e-6."""
 from __future__ import annotations
 
 import importlib.util
@@ -24,6 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[3]
 K = 12
 RTOL, ATOL = 1e-5, 2e-6
+PARAM_ATOL_BY_HAND = 2e-5
+PATHS = ["by hand", "autograd"]
 OBS, ACT = 7, 3
 LOW, HIGH = np.full(ACT, -2.0, np.float32), np.full(ACT, 1.0, np.float32)
 
@@ -62,8 +68,16 @@ def batches(critic_obs_dim: int, n: int = 96):
         yield b
 
 
-def close(new: torch.Tensor, ref: torch.Tensor) -> bool:
-    return bool(((new - ref).abs() <= ATOL + RTOL * ref.abs()).all())
+def close(new: torch.Tensor, ref: torch.Tensor, atol: float = ATOL) -> bool:
+    return bool(((new - ref).abs() <= atol + RTOL * ref.abs()).all())
+
+
+def on_path(agent: FastSAC, path: str) -> FastSAC:
+    """The agent computing its losses and gradients by hand (a CPU's default) or with autograd (CUDA's)."""
+    assert agent._by_hand is not None
+    if path == "autograd":
+        agent._by_hand = None
+    return agent
 
 
 def named_tensors(agent: FastSAC) -> dict[str, torch.Tensor]:
@@ -79,8 +93,8 @@ def grads(agent: FastSAC) -> dict[str, torch.Tensor]:
     return {f"{m}.{k}": p.grad.clone() for m, mod in mods.items() for k, p in mod.named_parameters()}
 
 
-def run_both(critic_obs_dim: int, threads: int, **kw):
-    new, ref_agent = make_agent(critic_obs_dim, **kw), make_agent(critic_obs_dim, **kw)
+def run_both(critic_obs_dim: int, threads: int, path: str, **kw):
+    new, ref_agent = on_path(make_agent(critic_obs_dim, **kw), path), make_agent(critic_obs_dim, **kw)
     ref = reference_module().ReferenceUpdate(ref_agent)
     new.set_threads(threads)
     losses, first_grads = [], None
@@ -98,12 +112,14 @@ def run_both(critic_obs_dim: int, threads: int, **kw):
     return new, ref_agent, losses, first_grads
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("critic_obs_dim,threads,extra", [
     (0, 1, {}), (0, 2, {}), (4, 2, {}), (0, 2, {"max_grad_norm": 0.5}),
     (0, 1, {"num_atoms": 51, "policy_frequency": 1}),
 ])
-def test_update_matches_the_reference_update(critic_obs_dim, threads, extra):
-    new, ref_agent, losses, (g_new, g_ref) = run_both(critic_obs_dim, threads, **extra)
+def test_update_matches_the_reference_update(critic_obs_dim, threads, extra, path):
+    new, ref_agent, losses, (g_new, g_ref) = run_both(critic_obs_dim, threads, path, **extra)
+    param_atol = PARAM_ATOL_BY_HAND if path == "by hand" else ATOL
     for step, (m_new, m_ref) in enumerate(losses):
         for key in ("qf_loss", "q_value", "actor_loss", "policy_entropy"):
             if key in m_ref:
@@ -113,20 +129,21 @@ def test_update_matches_the_reference_update(critic_obs_dim, threads, extra):
     t_new, t_ref = named_tensors(new), named_tensors(ref_agent)
     assert t_new.keys() == t_ref.keys()
     for name, t in t_ref.items():
-        assert close(t_new[name], t), (name, float((t_new[name] - t).abs().max()))
+        assert close(t_new[name], t, param_atol), (name, float((t_new[name] - t).abs().max()))
     # and it trained: the parameters moved well beyond the tolerance
     moved = make_agent(critic_obs_dim, **extra).critic.state_dict()
     assert any(not close(t_new[f"critic.{k}"], v) for k, v in moved.items())
 
 
-def test_two_cpus_run_the_twins_and_the_actor_rows_on_two_threads():
-    """set_threads(2) on a CPU: twin 1 and the second half of the actor's rows run on the worker
-    thread (the equivalence above holds for both settings); set_threads(1): all on the caller's."""
+@pytest.mark.parametrize("path", PATHS)
+def test_two_cpus_run_the_twins_on_two_threads(path):
+    """set_threads(2) on a CPU: twin 1's halves run on the worker thread (the equivalence above
+    holds for both settings); set_threads(1): all on the caller's."""
     import threading
-    agent = make_agent(0)
+    agent = on_path(make_agent(0), path)
     seen: list[str] = []
-    sample = agent.actor.sample
-    agent.actor.sample = lambda *a, **kw: (seen.append(threading.current_thread().name), sample(*a, **kw))[1]
+    grads = agent._critic_net_grads
+    agent._critic_net_grads = lambda *a, **kw: (seen.append(threading.current_thread().name), grads(*a, **kw))[1]
     try:
         for threads, want in ((2, 2), (1, 1)):
             agent.set_threads(threads)
@@ -160,7 +177,7 @@ class _FailingBackward(torch.autograd.Function):
 def test_a_compile_failure_in_the_first_step_falls_back_to_eager_loudly(where):
     """torch.compile failing anywhere in the first step, forward or backward: that step reruns
     eagerly, the agent says why (compile_fallback_reason, a warning), and it trains as eager does."""
-    eager, agent = make_agent(0), make_agent(0)
+    eager, agent = on_path(make_agent(0), "autograd"), on_path(make_agent(0), "autograd")   # CUDA's path
     agent.compiled = True
     if where == "critic forward":
         def broken(*a, **kw):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.checkpoint_bytes import flip_tensor_bytes
+from support.cli_batch import run_mains
 from support.e2e_helpers import launch, newest_checkpoint, tiny_config
 from support.shm_jobs import new_job_name
 
@@ -103,23 +104,31 @@ def test_eval_matches_the_trainers_deterministic_actions(sync_checkpoint):
 
 @pytest.mark.process
 def test_bad_input_is_exit_2_with_a_clear_message(sync_checkpoint, tmp_path):
-    proc = evaluate(str(tmp_path / "nope.pt"))
-    assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
+    # every call in one process (support/cli_batch.py): one torch import, each call's own exit status and output
     bad = tmp_path / "bad.pt"
     bad.write_bytes(sync_checkpoint.read_bytes())
     flip_tensor_bytes(bad)
-    proc = evaluate(str(bad))
+    many_episodes = ("0", "1000000000", "100000000000000000000")   # 1e9 once built one env per episode
+    mujoco = __import__("importlib").util.find_spec("mujoco") is not None
+    calls = [[str(tmp_path / "nope.pt")], [str(bad)], [str(sync_checkpoint), "--video"],
+             *([str(sync_checkpoint), "--episodes", episodes] for episodes in many_episodes),
+             [str(sync_checkpoint), "--env-name", "pendulm"],
+             *([[str(sync_checkpoint), "--env-name", "halfcheetah"]] if mujoco else [])]
+    results = iter(run_mains("fastsac.tools.evaluate", calls))
+    proc = next(results)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
+    proc = next(results)
     assert proc.returncode == 2 and "corrupt" in proc.stderr and "bad.pt" in proc.stderr, proc.stderr
-    proc = evaluate(str(sync_checkpoint), "--video")
+    proc = next(results)
     assert proc.returncode == 2 and "argument --video: expected one argument" in proc.stderr, proc.stderr
-    for episodes in ("0", "1000000000", "100000000000000000000"):   # 1e9 once built one env per episode
-        proc = evaluate(str(sync_checkpoint), "--episodes", episodes)
+    for episodes in many_episodes:
+        proc = next(results)
         assert proc.returncode == 2 and f"--episodes: {episodes} is out of range" in proc.stderr, proc.stderr
         assert "1 to 100,000" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    proc = evaluate(str(sync_checkpoint), "--env-name", "pendulm")
+    proc = next(results)
     assert proc.returncode == 2 and "'pendulum'" in proc.stderr, proc.stderr
-    if __import__("importlib").util.find_spec("mujoco") is not None:
-        proc = evaluate(str(sync_checkpoint), "--env-name", "halfcheetah")
+    if mujoco:
+        proc = next(results)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         for needed in ("halfcheetah", "obs_dim=17", "act_dim=6", "pendulum", "obs_dim=3", "act_dim=1"):
             assert needed in proc.stderr, (needed, proc.stderr)

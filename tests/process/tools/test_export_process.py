@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from support.checkpoint_bytes import flip_tensor_bytes
+from support.cli_batch import run_mains
 from support.export_checkpoints import make_checkpoint
 
 from fastsac.envs.registry import make_env
@@ -35,6 +36,11 @@ def cli(*args: str, pre: str = "") -> subprocess.CompletedProcess:
     """python -m fastsac.tools.export ARGS (pre: Python run first in that process, e.g. to hide a module)."""
     code = f"{pre}\nimport sys\nfrom fastsac.tools.export import main\nsys.exit(main({list(args)!r}))"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+
+
+def clis(*calls: list[str]) -> list[subprocess.CompletedProcess]:
+    """cli() of each call, all in one process (support/cli_batch.py): one torch import for many refusals."""
+    return run_mains("fastsac.tools.export", list(calls))
 
 
 def observations(task: str, n: int = 16, steps: int = 5) -> np.ndarray:
@@ -112,18 +118,19 @@ def test_the_exported_file_says_what_it_is(tmp_path):
 @pytest.mark.process
 def test_missing_or_corrupt_checkpoint_is_exit_2_and_writes_nothing(tmp_path):
     out = tmp_path / "actor.pt"
-    proc = cli(str(tmp_path / "nope.pt"), "--format", "torchscript", str(out))
-    assert proc.returncode == 2 and "does not exist" in proc.stderr and "nope.pt" in proc.stderr, proc.stderr
     path, _ = make_checkpoint(tmp_path, "pendulum")
     bad = tmp_path / "bad.pt"
     shutil.copyfile(path, bad)
     flip_tensor_bytes(bad)
-    proc = cli(str(bad), "--format", "torchscript", str(out))
-    assert proc.returncode == 2 and "corrupt" in proc.stderr and "bad.pt" in proc.stderr, proc.stderr
-    proc = cli(str(path), "--format", "torchscript", str(tmp_path / "no_dir" / "actor.pt"))
-    assert proc.returncode == 2 and "no_dir" in proc.stderr, proc.stderr
-    proc = cli(str(path), "--format", "tflite", str(out))
-    assert proc.returncode == 2 and "tflite" in proc.stderr, proc.stderr
+    missing, corrupt, no_dir, tflite = clis([str(tmp_path / "nope.pt"), "--format", "torchscript", str(out)],
+                                            [str(bad), "--format", "torchscript", str(out)],
+                                            [str(path), "--format", "torchscript", str(tmp_path / "no_dir" / "a.pt")],
+                                            [str(path), "--format", "tflite", str(out)])
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "nope.pt" in missing.stderr, \
+        missing.stderr
+    assert corrupt.returncode == 2 and "corrupt" in corrupt.stderr and "bad.pt" in corrupt.stderr, corrupt.stderr
+    assert no_dir.returncode == 2 and "no_dir" in no_dir.stderr, no_dir.stderr
+    assert tflite.returncode == 2 and "tflite" in tflite.stderr, tflite.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "run"]
 
 
@@ -163,8 +170,7 @@ def test_export_never_writes_over_a_checkpoint_or_into_checkpoints(tmp_path):
              (str(path), str(link), "is the checkpoint this command reads"),           # through a symlink
              (str(path), str(path.parent / "actor.pt"), "inside a run's checkpoints/"),
              (str(path), str(other), "is a fastsac checkpoint")]
-    for source, out, why in cases:
-        proc = cli(source, "--format", "torchscript", out)
+    for (source, out, why), proc in zip(cases, clis(*([s, "--format", "torchscript", o] for s, o, _ in cases))):
         assert proc.returncode == 2, (source, out, proc.stdout + proc.stderr)
         assert why in proc.stderr and "Traceback" not in proc.stderr, (source, out, proc.stderr)
     assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
@@ -199,8 +205,8 @@ def test_export_never_writes_a_runs_own_files_nor_an_existing_file_without_force
              ("torchscript", run / "logs" / "learner.pt", ["--force"], "files of the run in"),
              ("torchscript", mine, [], "exists; give --force"),
              ("torchscript", loop, [], "symbolic link loop")]
-    for fmt, out, extra, why in cases:
-        proc = cli(str(run), "--format", fmt, str(out), *extra)
+    refusals = clis(*([str(run), "--format", f, str(o), *e] for f, o, e, _ in cases))
+    for (fmt, out, extra, why), proc in zip(cases, refusals):
         assert proc.returncode == 2, (out, proc.stdout + proc.stderr)
         assert why in proc.stderr and str(out) in proc.stderr and "Traceback" not in proc.stderr, (out, proc.stderr)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

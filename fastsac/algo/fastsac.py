@@ -33,8 +33,10 @@ Observations are normalized once per batch and normalizer.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import warnings
+from concurrent.futures import Future
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
@@ -42,7 +44,7 @@ import torch
 from torch import Tensor
 
 from fastsac.algo.adamw_step import fused_adamw_step
-from fastsac.algo.hand_grads import ActorTape, HandGrads
+from fastsac.algo.hand_grads import ActorTape, CriticTargets, HandGrads
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.normalizer import RunningNormalizer
 from fastsac.algo.twin_runner import TwinRunner
@@ -172,10 +174,11 @@ class FastSAC:
         loss = -(target * log_probs).sum(-1).mean()
         return loss, (log_probs.detach().exp() * support).sum(-1).mean()
 
-    def _critic_net_grads(self, k: int, next_x: Tensor, x: Tensor, target_atoms: Tensor):
+    def _critic_net_grads(self, k: int, targets: Future[CriticTargets], x: Tensor):
         """One twin's half of the critic step (on its own thread, see TwinRunner): loss, mean Q, grads."""
         if self._by_hand is not None:
-            return self._by_hand.critic_net_grads(k, next_x, x, target_atoms)
+            return self._by_hand.critic_net_grads(k, targets, x)
+        next_x, target_atoms, _ = targets.result()
         loss, q_value = self._critic_loss(k, next_x, x, target_atoms)
         return loss.detach(), q_value, torch.autograd.grad(loss, self._net_params[k])
 
@@ -222,17 +225,17 @@ class FastSAC:
         critic_in = self._critic_input(obs, batch.get("critic_obs"))      # normalized once, used twice
 
         next_obs_n = self.obs_normalizer(next_obs)
-        next_action, next_log_prob, _ = self._sample(next_obs_n, self._noise(next_obs_n), grad=False)
-        with torch.no_grad(), self._autocast():
-            next_log_prob = next_log_prob.float()
-            # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
-            soft_next = self.critic.support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)    # [B, N]
-            scale = (batch["discount"] * batch["bootstrap"]).unsqueeze(1)
-            target_atoms = batch["rewards"].unsqueeze(1) + scale * soft_next
-            next_x = self.critic.joint_input(self._critic_input(next_obs, batch.get("next_critic_obs")), next_action)
+        next_noise = self._noise(next_obs_n)         # drawn once: a rerun after a fallback reuses it
         x = self.critic.joint_input(critic_in, self.actor.to_unit(batch["actions"]))
-        # each net learns its own target distribution; the losses add up over the two nets
-        halves = self._guarded("critic", lambda: self._twins.run(self._critic_net_grads, next_x, x, target_atoms))
+
+        def critic_halves():
+            # each net learns its own target distribution; the losses add up over the two nets. The
+            # targets (an actor forward) are made while the worker's twin runs its forward at x.
+            targets: Future[CriticTargets] = Future()
+            prepare = functools.partial(self._resolve_targets, targets, batch, next_obs_n, next_noise, alpha)
+            return self._twins.run_after(prepare, self._critic_net_grads, targets, x), targets.result()
+
+        halves, (_, _, next_log_prob) = self._guarded("critic", critic_halves)
         qf_loss, q_value = halves[0][0] + halves[1][0], (halves[0][1] + halves[1][1]) / 2
         self._install(self._critic_params, [*halves[0][2], *halves[1][2]])
         self._twins.run(self._critic_net_step)
@@ -246,6 +249,24 @@ class FastSAC:
         if self._num_updates % cfg.policy_frequency == 0:
             self._actor_step(obs, critic_in, alpha)
         return {"qf_loss": qf_loss, "q_value": q_value, **self._actor_metrics, "alpha": self.alpha}
+
+    def _resolve_targets(self, targets: Future[CriticTargets], batch: dict, next_obs_n: Tensor, noise: Tensor,
+                         alpha: Tensor) -> None:
+        """targets <- the critics' input at (s', a' ~ pi(s')) and the soft return atoms, or the error."""
+        try:
+            next_action, next_log_prob, _ = self._sample(next_obs_n, noise, grad=False)
+            with torch.no_grad(), self._autocast():
+                next_log_prob = next_log_prob.float()
+                # soft return atoms r + discount * bootstrap * (z - alpha * log pi(a'|s')), shared by both nets
+                soft_next = self.critic.support.unsqueeze(0) - (alpha * next_log_prob).unsqueeze(1)    # [B, N]
+                scale = (batch["discount"] * batch["bootstrap"]).unsqueeze(1)
+                target_atoms = batch["rewards"].unsqueeze(1) + scale * soft_next
+                next_x = self.critic.joint_input(self._critic_input(batch["next_obs"], batch.get("next_critic_obs")),
+                                                 next_action)
+        except BaseException as exc:
+            targets.set_exception(exc)      # the worker's twin is waiting for them
+            raise
+        targets.set_result(CriticTargets(next_x, target_atoms, next_log_prob))
 
     def _actor_step(self, obs: Tensor, critic_in: Tensor, alpha: Tensor) -> None:
         """Minimize mean(alpha * log pi(a|s) - (Q1 + Q2) / 2) over the actor's parameters: each twin

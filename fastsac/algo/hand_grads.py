@@ -14,6 +14,7 @@ actor, per action dim (eps fixed, t = tanh(raw log-std head), a = tanh(u), u = m
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import NamedTuple
 
 import torch
@@ -23,6 +24,14 @@ from torch import Tensor
 from fastsac.algo.cpu_kernels import c51_critic_head, c51_q_head
 from fastsac.algo.mlp_backprop import TrunkTape, hidden_layers, linear_backward, trunk_backward, trunk_forward
 from fastsac.algo.networks import Actor, DistributionalQNet
+
+
+class CriticTargets(NamedTuple):
+    """What the critics' targets need from the next states (made while the critics' forward at the
+    current states runs, see FastSAC.update)."""
+    next_x: Tensor            # the critics' input at (s', a' ~ pi(s'))
+    target_atoms: Tensor      # r + discount * bootstrap * (z - alpha * log pi(a'|s')), [B, N]
+    next_log_prob: Tensor     # log pi(a'|s') [B]
 
 
 class ActorTape(NamedTuple):
@@ -50,13 +59,14 @@ class HandGrads:
         return F.linear(h, net.head.weight, net.head.bias)
 
     @torch.no_grad()
-    def critic_net_grads(self, k: int, next_x: Tensor, x: Tensor,
-                         target_atoms: Tensor) -> tuple[Tensor, Tensor, list[Tensor]]:
+    def critic_net_grads(self, k: int, targets: Future[CriticTargets],
+                         x: Tensor) -> tuple[Tensor, Tensor, list[Tensor]]:
         """Twin k's cross-entropy against its target net's projected distribution: (loss, mean Q,
-        gradients in net.parameters() order)."""
+        gradients in net.parameters() order). The forward at x runs before it waits for targets."""
         net, target_net = self.nets[k], self.target_nets[k]
-        target_h, _ = trunk_forward(self._target_layers[k], next_x, save=False)
         h, tape = trunk_forward(self._layers[k], x, save=True)
+        next_x, target_atoms, _ = targets.result()
+        target_h, _ = trunk_forward(self._target_layers[k], next_x, save=False)
         loss, q, dlogits = c51_critic_head(self._logits(target_net, target_h), self._logits(net, h), target_atoms,
                                            self.support, self.v_min, self.v_max, 1.0 / x.shape[0])
         grads, _ = trunk_backward(self._layers[k], tape, dlogits.mm(net.head.weight), param_grads=True,

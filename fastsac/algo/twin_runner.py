@@ -60,6 +60,21 @@ class TwinRunner:
             wait([second])   # never leave the worker running on tensors the caller is about to change
         return first, second.result()
 
+    def run_after(self, prepare: Callable[[], None], fn: Callable[..., T], *args) -> tuple[T, T]:
+        """run(fn, *args) with prepare() on the calling thread first: in parallel, while the worker
+        starts fn(1, *args), which waits for what prepare() makes where it needs it (through a
+        Future among args). prepare() must resolve that Future, with its result or its error."""
+        if self._worker is None:
+            prepare()
+            return fn(0, *args), fn(1, *args)
+        second = self._worker.submit(fn, 1, *args)
+        try:
+            prepare()
+            first = fn(0, *args)
+        finally:
+            wait([second])
+        return first, second.result()
+
     def _stop_worker(self) -> None:
         if self._worker is not None:
             self._worker.shutdown(wait=True)

@@ -37,11 +37,12 @@ sys.__stdout__.write("\n" + json.dumps(results))
 """
 
 
-def run_mains(module: str, calls: list[list[str]], timeout: float = 240) -> list[subprocess.CompletedProcess]:
+def run_mains(module: str, calls: list[list[str]], timeout: float = 240,
+              env: dict | None = None) -> list[subprocess.CompletedProcess]:
     """[CompletedProcess(argv, returncode, stdout, stderr)] of `module`.main(argv) for each argv, in
-    order, all in one child interpreter."""
+    order, all in one child interpreter (with env, as subprocess.run takes it)."""
     proc = subprocess.run([sys.executable, "-c", _RUNNER, module], input=json.dumps([list(map(str, a)) for a in calls]),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"the batch of {module}.main calls died (exit {proc.returncode}):\n{proc.stderr}"
     results = json.loads(proc.stdout.rsplit("\n", 1)[1])
     return [subprocess.CompletedProcess(argv, code, out, err) for argv, (code, out, err) in zip(calls, results)]

@@ -11,6 +11,7 @@ the video extra); where there is none they skip saying why, except under CI, whe
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import os
 import re
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli_batch import run_mains
 from support.e2e_helpers import launch, newest_checkpoint, tiny_config
 from support.shm_jobs import new_job_name
 
@@ -36,9 +38,12 @@ NO_EGL = {"__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent/egl_vendor.json"}   # 
 def evaluate(*args: str, env: dict | None = None, pre: str = "") -> subprocess.CompletedProcess:
     """fastsac-eval ARGS in a fresh process (pre: Python run first in it, e.g. to break something)."""
     code = f"{pre}\nimport sys\nfrom fastsac.tools.evaluate import main\nsys.exit(main({list(args)!r}))"
-    full_env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                          env={**full_env, **(env or {})})
+                          env={**eval_env(), **(env or {})})
+
+
+def eval_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
 
 
 def read_video(path: Path) -> tuple[np.ndarray, dict]:
@@ -149,16 +154,37 @@ def test_pendulum_video_is_drawn_without_opengl(pendulum, tmp_path):
     assert_moving_picture(frames, PENDULUM_STEPS)
 
 
-@pytest.mark.process
-@pytest.mark.parametrize("name, why", [
+BAD_OUTPUT_PATHS = [
     ("out.avi", "does not end in .mp4"),
     ("out", "does not end in .mp4"),
     ("missing/out.mp4", "does not exist"),
     ("a_dir.mp4", "is a directory"),
-])
-def test_bad_output_path_is_exit_2_with_nothing_created(pendulum, tmp_path, name, why):
-    (tmp_path / "a_dir.mp4").mkdir()
-    proc = evaluate(str(pendulum), "--video", str(tmp_path / name))
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(pendulum, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """{case: (fastsac-eval's answer, the folder it was given)} of the plain refusals below, all
+    answered by one process (support/cli_batch.py): one torch import, not one per case; each case
+    has a folder of its own."""
+    cases: dict[str, tuple[list[str], Path]] = {}
+    for name, _ in BAD_OUTPUT_PATHS:
+        folder = tmp_path_factory.mktemp("bad_output")
+        (folder / "a_dir.mp4").mkdir()
+        cases[name] = ([str(pendulum), "--video", str(folder / name)], folder)
+    if importlib.util.find_spec("gymnasium"):
+        folder = tmp_path_factory.mktemp("not_rendered")
+        cases["gymnasium"] = ([str(pendulum), "--env-name", "gymnasium:Pendulum-v1", "--video",
+                               str(folder / "v.mp4")], folder)
+    cases["/proc"] = ([str(pendulum), "--video", "/proc/x.mp4"], tmp_path_factory.mktemp("proc"))
+    answers = run_mains("fastsac.tools.evaluate", [argv for argv, _ in cases.values()], env=eval_env())
+    return {case: (proc, folder) for (case, (_, folder)), proc in zip(cases.items(), answers)}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("name, why", BAD_OUTPUT_PATHS)
+def test_bad_output_path_is_exit_2_with_nothing_created(refusals, name, why):
+    proc, tmp_path = refusals[name]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert why in proc.stderr and "--video" in proc.stderr and name in proc.stderr, proc.stderr
     only(tmp_path, "a_dir.mp4")
@@ -166,9 +192,9 @@ def test_bad_output_path_is_exit_2_with_nothing_created(pendulum, tmp_path, name
 
 
 @pytest.mark.process
-def test_a_task_that_cannot_be_rendered_is_exit_2(pendulum, tmp_path):
+def test_a_task_that_cannot_be_rendered_is_exit_2(refusals):
     pytest.importorskip("gymnasium")
-    proc = evaluate(str(pendulum), "--env-name", "gymnasium:Pendulum-v1", "--video", str(tmp_path / "v.mp4"))
+    proc, tmp_path = refusals["gymnasium"]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "'gymnasium:Pendulum-v1' cannot be rendered" in proc.stderr, proc.stderr
     only(tmp_path)
@@ -225,8 +251,8 @@ def test_a_full_disk_while_encoding_is_exit_1_with_ffmpegs_reason_and_no_file(pe
 
 
 @pytest.mark.process
-def test_an_output_directory_that_takes_no_file_is_exit_2(pendulum, tmp_path):
-    proc = evaluate(str(pendulum), "--video", "/proc/x.mp4")
+def test_an_output_directory_that_takes_no_file_is_exit_2(refusals):
+    proc, _ = refusals["/proc"]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--video: cannot create a file next to '/proc/x.mp4'" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -45,11 +45,18 @@ class _Library(NamedTuple):
     reason: str      # what runs and why
 
 
-def _cache_dir() -> Path:
+def _cache_dirs() -> list[Path]:
+    """Where the compiled kernels may live, in order: FASTSAC_KERNEL_CACHE, else the user's cache
+    ($XDG_CACHE_HOME or ~/.cache), then the temp folder (a unit with a read-only home)."""
     if os.environ.get("FASTSAC_KERNEL_CACHE"):
-        return Path(os.environ["FASTSAC_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache" if Path.home().is_dir() else None)
-    return Path(base) / "fastsac" if base else Path(tempfile.gettempdir()) / f"fastsac-kernels-{os.getuid()}"
+        return [Path(os.environ["FASTSAC_KERNEL_CACHE"])]
+    dirs = []
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        dirs.append(Path(base) / "fastsac")
+    except RuntimeError:       # no home directory
+        pass
+    return dirs + [Path(tempfile.gettempdir()) / f"fastsac-kernels-{os.getuid()}"]
 
 
 def _cpu_flags() -> str:
@@ -91,14 +98,19 @@ def _library() -> _Library:
         return _Library(None, f"torch ops (no C compiler: {exc})")
     texts = [f.read_text() for f in sorted(KERNELS.iterdir()) if f.suffix in (".c", ".h")]
     key = hashlib.sha256("\0".join([*texts, version, " ".join(_FLAGS), _cpu_flags()]).encode())
-    out = _cache_dir() / f"update-kernels-{key.hexdigest()[:16]}.so"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if not out.exists() and (error := _compile(cc, out)) is not None:
-            return _Library(None, f"torch ops (compiling {KERNELS} failed: {error})")
-        lib = ctypes.CDLL(str(out))
-    except OSError as exc:
-        return _Library(None, f"torch ops ({out}: {exc})")
+    lib, problems = None, []
+    for folder in _cache_dirs():
+        out = folder / f"update-kernels-{key.hexdigest()[:16]}.so"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if not out.exists() and (error := _compile(cc, out)) is not None:
+                return _Library(None, f"torch ops (compiling {KERNELS} failed: {error})")
+            lib = ctypes.CDLL(str(out))
+            break
+        except OSError as exc:
+            problems.append(f"{out}: {exc}")
+    if lib is None:
+        return _Library(None, f"torch ops ({'; '.join(problems)})")
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.layer_norm_silu_forward.argtypes = [p, p, p, i64, i64, f32, p, p, p, p]
     lib.layer_norm_silu_backward.argtypes = [p, p, p, p, p, p, i64, i64, p, p, p, p]

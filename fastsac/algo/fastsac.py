@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from fastsac.algo.adamw_step import fused_adamw_step
+from fastsac.algo.cpu_kernels import kernels_in_use
 from fastsac.algo.hand_grads import ActorTape, CriticTargets, HandGrads
 from fastsac.algo.networks import Actor, TwinDistributionalCritic, categorical_projection
 from fastsac.algo.normalizer import RunningNormalizer
@@ -102,9 +103,13 @@ class FastSAC:
         self._net_params = tuple(list(net.parameters()) for net in self._nets)
         self._target_net_params = tuple(list(net.parameters()) for net in self._target_nets)
         self._twins = TwinRunner(dev)
-        # on a CPU, forward and backward by hand with fused kernels (hand_grads.py); else autograd
-        self._by_hand = HandGrads(self.actor, self._nets, self._target_nets, self.critic.support, cfg.v_min,
-                                  cfg.v_max) if dev.type == "cpu" else None
+        # on a CPU, forward and backward by hand with fused kernels (hand_grads.py), compiled (once per
+        # machine) or loaded here, at the start, not in the first update; else autograd
+        self._by_hand = None
+        if dev.type == "cpu":
+            kernels_in_use()
+            self._by_hand = HandGrads(self.actor, self._nets, self._target_nets, self.critic.support, cfg.v_min,
+                                      cfg.v_max)
 
         # bf16 autocast and torch.compile only pay off (and are only tested) on CUDA
         self.amp = bool(cfg.amp and on_cuda)

@@ -31,7 +31,7 @@ ATTACH_RETRY_S = 0.5  # how often the evaluator's segments are looked for until 
 class LearnerEval:
     def __init__(self, cfg, incarnation: int, policy_numel: int, env_steps: int, telemetry, log):
         self.cfg, self.incarnation, self.telemetry, self.log = cfg, incarnation, telemetry, log
-        # a learner group turns it off on every rank but 0 (fastsac.learner.group_loop): rank 0 logs
+        # a learner group turns it off on every rank but 0 (fastsac.learner.loop): rank 0 logs
         self.enabled = cfg.eval.interval > 0 and cfg.trainer.asynchronous
         self.due_at = next_due(env_steps, cfg) if self.enabled else 0
         self.numel = snapshot_numel(policy_numel)

@@ -3,13 +3,16 @@
 Each collector owns a fixed block of env rows in the replay buffer and its ring is drained
 on its own: a slow or stalled collector never holds back the others (no lockstep merge), and
 a faulty one is dropped without taking the job down (fastsac.learner.feed).
+
+One loop for a learner alone and for a rank of a learner group: what it agrees with the rest of
+its job (start state, ingest quota, counts, stop) it asks its coordination
+(fastsac.learner.coordination). Its construction is a row of small builders, each making one part.
 """
 from __future__ import annotations
 
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,10 +22,10 @@ from fastsac.common.pacing import IdleBackoff, beating_while
 from fastsac.common.seeds import learner_torch_seed
 from fastsac.common.stopping import StopSignal
 from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.learner.coordination import ATTACH_RETRY_S, ROLE, SoloCoordination, Verdict
 from fastsac.learner.eval_link import LearnerEval
 from fastsac.learner.feed import CollectorFeed, FeedFault
 from fastsac.learner.gpu_sync import ChunkTimer, WeightCopy
-from fastsac.learner.learner_telemetry import LearnerTelemetry
 from fastsac.learner.staging import IngestStaging
 from fastsac.process.setup import log
 from fastsac.process.torch_runtime import open_device
@@ -32,19 +35,8 @@ from fastsac.training import state as run_state
 from fastsac.training.schedule import RunSchedule
 from fastsac.training.thread_tuner import ThreadTuner
 
-ROLE = "learner"
-ATTACH_RETRY_S = 0.2     # how often missing rings/snapshots are looked for (collectors create them)
 STATUS_INTERVAL_S = 0.5  # the control block's status records (fastsac-launch --status) refresh cadence
 WAIT_REPORT_S = 10.0     # how often the console repeats which collectors the job still waits for
-
-
-@dataclass(frozen=True)
-class StartState:
-    """Where a learner starts: its job's position and size, restored from a checkpoint or fresh."""
-    env_steps: int            # the job's env steps so far (0 = a fresh run)
-    batch_envs: int           # transitions of one env-step batch of the job
-    total_env_steps: int      # the job's budget in env steps
-    writes_checkpoints: bool  # the one learner, or rank 0 of a group
 
 
 def update_thread_range(me, collectors, planned: int) -> tuple[int, int]:
@@ -57,62 +49,98 @@ def update_thread_range(me, collectors, planned: int) -> tuple[int, int]:
     return planned, min(len(mine), planned + idle) if mine else planned
 
 
+def own_collectors(ctx) -> list:
+    """This learner's collectors: it drains their rings, writes their ingest records and holds
+    only their env rows (all collectors with one learner)."""
+    return [c for c in ctx.plan.collectors if c.learner_index == ctx.me.learner_index]
+
+
+def attach_control(ctx, mine: list) -> "shm.ControlBlock":
+    """The job's control block, as this learner, checked against the job's settings."""
+    cfg = ctx.cfg
+    ctl = shm.ControlBlock.attach(cfg.job_name, role="learner", num_collectors=cfg.trainer.async_options.num_collectors,
+                                  learner_index=ctx.me.learner_index, ingest_ids=[c.collector_id for c in mine],
+                                  num_learners=len(ctx.plan.learners))
+    check_against_job(ctl, cfg, ctx.plan, "this learner")
+    return ctl
+
+
+def probe_env(cfg) -> tuple[EnvSpec, object, object]:
+    """The task's spec and action bounds, from one env made and closed."""
+    probe = make_env(cfg.env.name, 1, seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
+    spec = EnvSpec(probe.obs_dim, probe.critic_obs_dim, probe.act_dim, probe.max_episode_steps)
+    low, high = probe.action_low, probe.action_high
+    probe.close()
+    return spec, low, high
+
+
+def thread_tuner(ctx, mine: list, device, agent) -> ThreadTuner | None:
+    """On the CPU the update's thread count is measured, not assumed (fastsac.training.thread_tuner),
+    between its own CPUs and those its collectors leave idle while they wait on a full ring."""
+    planned, most = update_thread_range(ctx.me, mine, torch.get_num_threads())
+    if device.type != "cpu" or most <= 1:
+        return None
+    return ThreadTuner(most, agent.set_threads, log=lambda m: log(ROLE, m), fewest=planned)
+
+
+def collector_feeds(cfg, spec: EnvSpec, mine: list, numel: int) -> list[CollectorFeed]:
+    """One feed per collector, each over its own block of this learner's replay rows."""
+    rows = [sum(c.env_count for c in mine[:j]) for j in range(len(mine))]   # its rows in this buffer
+    return [CollectorFeed(cfg.job_name, c.collector_id, first, c.env_count, shm.job_ring_spec(cfg, spec, c.env_count),
+                          numel) for c, first in zip(mine, rows)]
+
+
+def announce_running(ctl: "shm.ControlBlock", me, device, agent, env_steps: int) -> None:
+    """RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
+    start_env_steps first: collectors derive their envs' reset seed from it (a resumed run)."""
+    path = shm.UpdatePath.COMPILING if agent.compiled else shm.UpdatePath.EAGER
+    ctl.learner.update(global_rank=me.global_rank, device=str(device)[:16], update_path=int(path))
+    ctl.learner.update(pid=os.getpid(), env_steps=env_steps, start_env_steps=env_steps,
+                       num_updates=agent.num_updates_done, started_ns=time.monotonic_ns(),
+                       heartbeat_ns=time.monotonic_ns(), state=int(shm.ProcState.RUNNING))
+
+
 class Learner:
-    def __init__(self, ctx):
+    """The learner's loop over its own collectors. `coordination` decides what the rest of the job
+    must agree on: SoloCoordination (the default) for the one learner of a job, GroupCoordination
+    (fastsac.learner.group_coordination) for a rank of a learner group."""
+
+    def __init__(self, ctx, coordination=None):
         cfg = self.cfg = ctx.cfg
         self.ao = cfg.trainer.async_options
+        self.coord = coordination or SoloCoordination()   # alone, or a rank of a learner group
         self.idle_backoff = IdleBackoff()
         self.plan, self.me = ctx.plan, ctx.me
-        # This learner's collectors: it drains their rings, writes their ingest records and holds
-        # only their env rows (all collectors with one learner).
-        mine = [c for c in ctx.plan.collectors if c.learner_index == ctx.me.learner_index]
-        self.ctl = shm.ControlBlock.attach(cfg.job_name, role="learner", num_collectors=self.ao.num_collectors,
-                                           learner_index=ctx.me.learner_index,
-                                           ingest_ids=[c.collector_id for c in mine],
-                                           num_learners=len(ctx.plan.learners))
-        check_against_job(self.ctl, cfg, ctx.plan, "this learner")
-        probe = make_env(cfg.env.name, 1, seed=cfg.seed, max_episode_steps=cfg.env.max_episode_steps)
-        self.spec = EnvSpec(probe.obs_dim, probe.critic_obs_dim, probe.act_dim, probe.max_episode_steps)
-        low, high = probe.action_low, probe.action_high
-        probe.close()
+        mine = own_collectors(ctx)
+        self.ctl = attach_control(ctx, mine)
+        self.spec, low, high = probe_env(cfg)
         # the plan's concrete device, made current before any other CUDA call; logged with torch,
         # CUDA, driver, GPU name and compute capability
         self.device = open_device(ctx.me.device, tf32=cfg.algo.tf32, log=lambda m: log(ROLE, m))
         torch.manual_seed(learner_torch_seed(cfg.seed))
         self.agent, self.buffer = run_state.build_agent(cfg, self.spec, low, high, self.device,
                                                         num_envs=sum(c.env_count for c in mine))
-        # on the CPU the update's thread count is measured, not assumed (fastsac.training.thread_tuner),
-        # between its own CPUs and those its collectors leave idle while they wait on a full ring
-        planned, most = update_thread_range(ctx.me, mine, torch.get_num_threads())
-        self.threads = ThreadTuner(most, self.agent.set_threads, log=lambda m: log(ROLE, m), fewest=planned) \
-            if self.device.type == "cpu" and most > 1 else None
-        start = self.start_state()
+        self.threads = thread_tuner(ctx, mine, self.device, self.agent)
+        start = self.coord.start(ctx, self.spec, self.agent, self.buffer, self.ctl, self.device)
         self.env_steps = self.start_env_steps = start.env_steps
         self.batch_envs = start.batch_envs
         self.total_env_steps = start.total_env_steps
         self.writes_checkpoints = start.writes_checkpoints
         self.schedule = RunSchedule(cfg.checkpoint.interval, self.batch_envs, self.total_env_steps, self.env_steps)
         numel = policy_flat_numel(self.spec.obs_dim, self.spec.act_dim, cfg.algo)
-        rows = [sum(c.env_count for c in mine[:j]) for j in range(len(mine))]   # its rows in this buffer
-        self.feeds = [CollectorFeed(cfg.job_name, c.collector_id, first, c.env_count,
-                                    shm.job_ring_spec(cfg, self.spec, c.env_count), numel)
-                      for c, first in zip(mine, rows)]
+        self.feeds = collector_feeds(cfg, self.spec, mine, numel)
         self.staging = IngestStaging([f.spec for f in self.feeds], self.ao.max_ingest_per_iter, self.device)
         self.chunk_timer = ChunkTimer(self.device)
         self.weights = WeightCopy(numel, self.device)
         self.publish_to: list[CollectorFeed] | None = None   # the feeds of the copy in flight
         cfg.run_path.mkdir(parents=True, exist_ok=True)
-        self.telemetry = self.make_telemetry()
+        self.telemetry = self.coord.telemetry(cfg, self.ctl, self.feeds, self.agent.num_updates_done)
         self.telemetry.episode_steps = self.spec.max_episode_steps
         self.evaluation = LearnerEval(cfg, self.ctl.incarnation, numel, self.env_steps, self.telemetry,
                                       lambda m: log(ROLE, m))   # eval.*: the evaluator process's weights and results
-        # RUNNING (and the first heartbeat) only once set up: from here on the heartbeat is checked.
-        # start_env_steps first: collectors derive their envs' reset seed from it (a resumed run).
-        path = shm.UpdatePath.COMPILING if self.agent.compiled else shm.UpdatePath.EAGER
-        self.ctl.learner.update(global_rank=ctx.me.global_rank, device=str(self.device)[:16], update_path=int(path))
-        self.ctl.learner.update(pid=os.getpid(), env_steps=self.env_steps, start_env_steps=self.start_env_steps,
-                                num_updates=self.agent.num_updates_done, started_ns=time.monotonic_ns(),
-                                heartbeat_ns=time.monotonic_ns(), state=int(shm.ProcState.RUNNING))
+        if not self.writes_checkpoints:
+            self.evaluation.enabled = False   # the job's evaluator is rank 0's: it logs the results
+        announce_running(self.ctl, ctx.me, self.device, self.agent, self.env_steps)
         # torch.compile runs inside the first critic and first actor update (CUDA, algo.compile) and can
         # take longer than heartbeat_timeout_s: the learner reports STARTING until they are done, so
         # neither the collectors nor the launcher mistake the compilation for a hang.
@@ -123,31 +151,9 @@ class Learner:
         self.updates_since_publish = 0
         self.last_attach = self.last_status = self.last_liveness = 0.0
         self.exit_code = 0
+        self.stop_signal = StopSignal()   # the process's own, from run()
         log(ROLE, f"{cfg.env.name}: {self.buffer.num_envs} envs in {len(self.feeds)} collector(s), device {self.device}, "
                   f"utd_mode {self.ao.utd_mode}, env steps {self.env_steps:,}/{self.total_env_steps:,}")
-
-    # ------------------------------------------------------------------ set-up (a learner group overrides)
-    def start_state(self) -> StartState:
-        """The checkpoint named by `resume` into the agent (none: fresh), and this job's size."""
-        cfg = self.cfg
-        env_steps = run_state.restore(cfg, self.spec, self.agent, lambda m: log(ROLE, m))
-        return StartState(env_steps=env_steps, batch_envs=cfg.env.num_envs,
-                          total_env_steps=cfg.trainer.num_iterations * cfg.env.num_envs, writes_checkpoints=True)
-
-    def make_telemetry(self) -> LearnerTelemetry:
-        return LearnerTelemetry(self.cfg, self.ctl, self.feeds, self.env_steps, self.agent.num_updates_done,
-                                self.total_env_steps, lineage=run_state.lineage(self.cfg))
-
-    def count(self, slots: int, transitions: int) -> int:
-        """The transitions this iteration adds to the job's env steps (a group: all ranks')."""
-        return transitions
-
-    def buffer_ready(self) -> bool:
-        return self.buffer.ready()
-
-    def ingest_limit(self) -> int:
-        """Transitions this learner may still ingest (a group: its share of the job's rest)."""
-        return self.total_env_steps - self.env_steps
 
     # ------------------------------------------------------------------ collectors
     def attach_collectors(self) -> None:
@@ -203,27 +209,20 @@ class Learner:
                 log(ROLE, f"waiting for collector {f.cid} ({how})")
         return missing, now, last_report
 
-    def wait_for_collectors(self, stop: StopSignal) -> str | None:
-        """Hold the job until every planned collector (manual ones included) attached once.
+    def wait_for_collectors(self) -> Verdict | None:
+        """Hold the job until every planned collector (manual ones included; a group: of every
+        learner) attached once, as the coordination decides; a Verdict when the learner stops meanwhile.
 
         No env step counts and no update runs before: a job whose collector is started by hand
-        must not reach its budget on the others alone. Returns a stop reason, or None.
+        must not reach its budget on the others alone.
         """
-        start = last_report = time.monotonic()
-        while self.waiting_for():
-            reason = self.stop_reason(stop)
-            if reason:
-                return reason
-            missing, now, last_report = self.attach_round(start, last_report)
-            if missing and now - start > self.ao.collector_wait_s:
-                ids = ", ".join(str(f.cid) for f in missing)
-                self.exit_code = 1
-                return (f"collector(s) {ids} did not attach within trainer.async_options.collector_wait_s="
-                        f"{self.ao.collector_wait_s:g}s; start them (fastsac-launch CONFIG --plan prints the "
-                        "commands) or raise collector_wait_s")
-            time.sleep(ATTACH_RETRY_S / 4)
-        self.ctl.learner["waiting_mask"] = 0
-        return None
+        verdict = self.coord.wait_for_collectors(self.waiting_for, self.attach_round, self.own_stop,
+                                                 self.ao.collector_wait_s)
+        if verdict is None:
+            self.ctl.learner["waiting_mask"] = 0
+        elif verdict.failed:
+            self.exit_code = 1
+        return verdict
 
     # ------------------------------------------------------------------ weights
     def publish(self, feeds=None) -> None:
@@ -265,7 +264,7 @@ class Learner:
             except FeedFault as exc:
                 self.drop(feed, str(exc))
         budget = self.ao.max_ingest_per_iter
-        remaining = self.ingest_limit()  # never ingest past the run length
+        remaining = self.coord.quota(self.env_steps)  # never ingest past the run length (a group: its share)
         if remaining <= 0:   # a learner of a group that ingested its share waits for the others
             return 0, 0
         runs, transitions = [], 0
@@ -314,7 +313,7 @@ class Learner:
     # ------------------------------------------------------------------ updates
     def updates_to_run(self, transitions: int) -> int:
         cfg = self.cfg
-        if cfg.algo.num_updates == 0 or not self.buffer_ready():
+        if cfg.algo.num_updates == 0 or not self.coord.buffer_ready(self.buffer):
             return 0
         if self.env_steps < cfg.algo.learning_starts * self.batch_envs:
             return 0
@@ -374,30 +373,46 @@ class Learner:
     def beat(self) -> None:
         self.ctl.learner["heartbeat_ns"] = time.monotonic_ns()
 
-    def stop_reason(self, stop: StopSignal) -> str | None:
+    def own_stop(self) -> tuple[str | None, bool]:
+        """This learner's own reason to stop (a signal, the launcher's stop flag, the launcher gone:
+        exit 1), and whether it is a failure of its machine (the launcher gone, or its job stopping
+        on a learner's or a collector's failure), which a learner group passes on to the other ranks."""
+        reason, stop = None, self.stop_signal
         if stop.requested or self.ctl.stop_requested():
-            return f"stop requested ({'signal ' + str(stop.signum) if stop.requested else 'launcher'})"
-        now = time.perf_counter()
-        if now - self.last_liveness >= 0.5:
+            reason = f"stop requested ({'signal ' + str(stop.signum) if stop.requested else 'launcher'})"
+        elif (now := time.perf_counter()) - self.last_liveness >= 0.5:
             self.last_liveness = now
             if not shm.job_is_alive(self.cfg.job_name):
                 self.exit_code = 1
-                return "the launcher is gone (its lock on the control segment was released)"
-        return None
+                reason = "the launcher is gone (its lock on the control segment was released)"
+        if reason is None:
+            return None, False
+        return reason, self.exit_code != 0 or (self.ctl.stop_requested() and self.ctl.stop_reason in
+                                               (shm.StopReason.LEARNER_FAILED, shm.StopReason.COLLECTOR_FAILED))
 
     def run(self, stop: StopSignal) -> int:
-        """Hold until every collector attached, then iterate until the budget or a stop; finish."""
+        """Hold until every collector attached, then iterate until the budget or a stop; finish. A
+        failure of the coordination (a peer of a learner group) ends it with exit code 1."""
+        self.stop_signal = stop
+        try:
+            return self.run_to_the_end()
+        except self.coord.failures as exc:
+            return self.fail(exc)
+
+    def run_to_the_end(self) -> int:
         if done := self.schedule.nothing_left(self.env_steps):   # a finished run resumed: write nothing
             log(ROLE, done)
             self.ctl.learner["state"] = int(shm.ProcState.FINISHED)
             return 0
-        reason = self.wait_for_collectors(stop)
+        verdict = self.wait_for_collectors()
         self.telemetry.start(self.env_steps)
-        while reason is None and not self.schedule.finished(self.env_steps):
-            reason = self.stop_reason(stop)
-            if reason is None:
+        while verdict is None and not self.schedule.finished(self.env_steps):
+            verdict = self.coord.stop(self.own_stop)
+            if verdict is None:
                 self.iteration()
-        return self.finish(reason or "finished")
+            elif verdict.failed:
+                self.exit_code = 1
+        return self.finish(verdict.reason if verdict else "finished")
 
     def iteration(self) -> None:
         """One pass of named steps: attach, ingest, update (+ publish), status, log, checkpoint."""
@@ -407,7 +422,7 @@ class Learner:
             self.last_attach = now
             self.attach_collectors()
         slots, transitions = self.ingest()
-        transitions = self.count(slots, transitions)
+        transitions = self.coord.count(transitions, self.own_stop)   # a group: every rank's
         self.env_steps += transitions
         self.telemetry.add_batches(transitions / self.batch_envs)
         k = self.updates_to_run(transitions)
@@ -446,6 +461,7 @@ class Learner:
 
     def finish(self, reason: str) -> int:
         """Final metrics (however short the run), final checkpoint, final state; the exit code."""
+        self.coord.finishing(self.agent)
         self.deliver(wait=True)
         self.telemetry.learn_time += self.chunk_timer.collect(wait=True)
         self.evaluation.finish(self, reason == "finished")
@@ -473,9 +489,29 @@ class Learner:
             self.exit_code = 1
             return None
 
+    def fail(self, exc: BaseException) -> int:
+        """A peer failed: name it, rank 0 keeps what it can (a final checkpoint), exit 1. Not after a
+        gradient all-reduce the failed peer never joined (NCCL, LearnerGroup.settle): the weights
+        after it are not the job's, and the last periodic checkpoint is the sound one."""
+        log(ROLE, f"error: the learner group failed: {exc}")
+        self.exit_code = 1
+        self.ctl.learner["state"] = int(shm.ProcState.STOPPING)
+        unsound = self.coord.settle()
+        if unsound is None:
+            self.final_checkpoint("the learner group failed")   # rank 0 only; the exit code is 1 either way
+        elif self.writes_checkpoints:
+            log(ROLE, f"no final checkpoint: {unsound}, so this rank's weights are not the job's; the last "
+                      "periodic checkpoint stands")
+        self.ctl.learner["state"] = int(shm.ProcState.FAILED)
+        return 1
+
     def close(self) -> None:
-        self.evaluation.close()
-        self.telemetry.close()
-        for feed in self.feeds:
-            feed.close()
-        self.ctl.close()
+        self.coord.stop_beat()   # a group's helper thread, before the control block goes away under it
+        try:
+            self.evaluation.close()
+            self.telemetry.close()
+            for feed in self.feeds:
+                feed.close()
+            self.ctl.close()
+        finally:
+            self.coord.close()   # a group: leave it

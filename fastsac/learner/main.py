@@ -49,16 +49,18 @@ def _run(argv: list[str] | None) -> int:
     from fastsac.process.torch_runtime import configure_torch
     from fastsac.run_dir.checkpoint import CheckpointError
     configure_torch(process_setup.torch_threads(ctx))
+    # torch is imported from here on: after configure_torch set what it reads at import
+    from fastsac.learner.coordination import SoloCoordination
+    from fastsac.learner.loop import Learner
     failures: tuple = ()
     if is_group(ctx.cfg):
-        # torch.distributed is imported only by a learner group
+        # torch.distributed is imported only by a learner group (the single learner never loads it)
         from fastsac.learner.distributed import DistributedError
-        from fastsac.learner.group_loop import GroupLearner as Learner
-        failures += (DistributedError,)
+        from fastsac.learner.group_coordination import GroupCoordination
+        coordination, failures = GroupCoordination(), (DistributedError,)
     else:
-        # the single learner never loads torch.distributed
-        from fastsac.learner.loop import Learner
-    return process_setup.build_and_run(ROLE, lambda stop: Learner(ctx), (CheckpointError,), failures)
+        coordination = SoloCoordination()
+    return process_setup.build_and_run(ROLE, lambda stop: Learner(ctx, coordination), (CheckpointError,), failures)
 
 
 if __name__ == "__main__":

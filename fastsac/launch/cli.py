@@ -17,7 +17,7 @@ import shlex
 import sys
 
 from fastsac import shm_layout as shm
-from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
+from fastsac.common.command_line import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
 from fastsac.common.stopping import interrupt_deferred
 from fastsac.config import Config, ConfigError, config_to_yaml, load_config
 from fastsac.envs.registry import env_spec

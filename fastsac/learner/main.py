@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastsac.common.cli import UsageParser
+from fastsac.common.command_line import UsageParser
 from fastsac.process import setup as process_setup
 
 ROLE = "learner"

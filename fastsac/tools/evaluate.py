@@ -24,7 +24,7 @@ import sys
 import numpy as np
 import torch
 
-from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
+from fastsac.common.command_line import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
 from fastsac.common.seeds import eval_seed
 from fastsac.config import SEED_MAX
 from fastsac.envs.registry import make_env

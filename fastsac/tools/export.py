@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from fastsac.algo.networks import Actor
 from fastsac.algo.normalizer import RunningNormalizer
-from fastsac.common.cli import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
+from fastsac.common.command_line import EXIT_CODES_HELP, UsageParser, quiet_broken_pipe
 from fastsac.config import Config, config_from_dict
 from fastsac.envs.registry import make_env
 from fastsac.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError

@@ -17,9 +17,9 @@ import torch
 from fastsac.common.episodes import EpisodeTracker
 from fastsac.common.seeds import learner_torch_seed, reset_seed, sync_action_seed
 from fastsac.common.stopping import StopSignal
-from fastsac.common.transition import TransitionBatch
 from fastsac.config import Config
 from fastsac.envs.registry import EnvSpec, make_env
+from fastsac.envs.stepping import act_and_step
 from fastsac.evaluation.episodes import InlineEvaluator
 from fastsac.process.torch_runtime import configure_torch, open_device
 from fastsac.training import state as run_state
@@ -66,6 +66,9 @@ def train_sync(cfg: Config) -> int:
     evaluator = InlineEvaluator(cfg, lambda o: agent.act(torch.as_tensor(o).to(device), deterministic=True).cpu()
                                 .numpy(), env_steps)
     rows = slice(0, n)
+    def policy(o: np.ndarray) -> np.ndarray:   # the agent's stochastic actions, numpy in and out
+        return agent.act(torch.as_tensor(o).to(device)).cpu().numpy()
+
     stepping = env.describe_stepping()
     log.line(f"fastsac sync: {cfg.env.name} x{n} envs{f' ({stepping})' if stepping else ''} on {device}, "
              f"iterations {start_it}..{cfg.trainer.num_iterations}")
@@ -74,13 +77,8 @@ def train_sync(cfg: Config) -> int:
         if stop.requested:
             log.line("stop requested: writing final checkpoint")
             break
-        if it < cfg.algo.learning_starts:
-            actions = rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
-        else:
-            actions = agent.act(torch.as_tensor(obs).to(device)).cpu().numpy()
-        res = env.step(actions)
-        batch = TransitionBatch.from_step(obs, critic_obs, actions, res).compact()
-        run_state.ingest(agent, buffer, rows, batch.map(lambda name, x: torch.as_tensor(x).to(device)))
+        res, batch = act_and_step(env, obs, critic_obs, rng, None if it < cfg.algo.learning_starts else policy)
+        run_state.ingest(agent, buffer, rows, batch.compact().map(lambda name, x: torch.as_tensor(x).to(device)))
         episodes.step(res.reward, res.terminated | res.truncated)
         obs, critic_obs = res.obs, res.critic_obs
         env_steps += n

@@ -15,8 +15,8 @@ from fastsac.common.pacing import IdleBackoff
 from fastsac.common.procs import pid_alive
 from fastsac.common.seeds import collector_action_seed, collector_torch_seed, reset_seed
 from fastsac.common.stopping import StopSignal, ending_at_once
-from fastsac.common.transition import TransitionBatch
 from fastsac.envs.registry import make_env
+from fastsac.envs.stepping import act_and_step
 from fastsac.errors import FatalError
 from fastsac.machine.learner_plan import machine_env_offset
 from fastsac.process.setup import log
@@ -32,15 +32,20 @@ SNAPSHOT_STUCK_S = 1.0
 
 
 class StageTimer:
-    """Cumulative nanoseconds per loop stage (published to the learner as stats)."""
+    """Cumulative nanoseconds per loop stage (published to the learner as stats): start() at the top
+    of an iteration, lap(stage) at the end of each stage (the time since the last start or lap)."""
 
     def __init__(self):
         self.ns = dict.fromkeys(shm.STAGES, 0)
+        self.t0 = 0
 
-    def add(self, stage: str, t0: int) -> int:
+    def start(self) -> None:
+        self.t0 = time.perf_counter_ns()
+
+    def lap(self, stage: str) -> None:
         t1 = time.perf_counter_ns()
-        self.ns[stage] += t1 - t0
-        return t1
+        self.ns[stage] += t1 - self.t0
+        self.t0 = t1
 
 
 class CollectorError(RuntimeError):
@@ -189,31 +194,26 @@ class Collector:
                 except CollectorError as exc:
                     self.rec["state"] = int(shm.ProcState.FAILED)
                     raise FatalError(str(exc), role=self.role) from None
-            t0 = time.perf_counter_ns()
+            timer.start()
             slot = ring.next_free_slot()
             if slot is None:  # full ring: back off, do not step the env, drop nothing
                 backoff.wait()
-                timer.add("wait", t0)
+                timer.lap("wait")
                 self.rec["heartbeat_ns"] = time.monotonic_ns()
                 continue
             backoff.reset()
             if steps % self.ao.weight_poll_interval == 0:
                 if self._poll_weights():
                     learned_batches = self.ctl.learner["env_steps"] // cfg.env.num_envs
-                t0 = timer.add("sync", t0)   # the weight sync stage (shm_layout.control.STAGES)
-            if self.weight_version == 0 or max(steps, learned_batches) < cfg.algo.learning_starts:
-                actions = self.rng.uniform(env.action_low, env.action_high, (n, env.act_dim)).astype(np.float32)
-            else:
-                actions = self.policy.act(obs)
-            t0 = timer.add("sample_actions", t0)
-            res = env.step(actions)
-            t0 = timer.add("env_step", t0)
-            batch = TransitionBatch.from_step(obs, critic_obs, actions, res)
+                timer.lap("sync")   # the weight sync stage (shm_layout.control.STAGES)
+            warming_up = self.weight_version == 0 or max(steps, learned_batches) < cfg.algo.learning_starts
+            res, batch = act_and_step(env, obs, critic_obs, self.rng, None if warming_up else self.policy.act,
+                                      lap=timer.lap)   # the sample_actions and env_step stages
             self._check_finite(res, batch.final_idx)
             steps += 1
             slot.write(batch, self.weight_version, steps, self.incarnation)
             ring.commit()
-            timer.add("push", t0)
+            timer.lap("push")
             episodes.step(res.reward, res.terminated | res.truncated)
             obs, critic_obs = res.obs, res.critic_obs
             self.rec["env_steps"] = steps * n

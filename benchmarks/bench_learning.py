@@ -209,7 +209,7 @@ def warmup_steps(args, mode: str) -> int:
     measure the initial policy."""
     if mode == "sb3":
         return args.sb3_learning_starts
-    from fastsac.config.schema import load_config
+    from fastsac.config import load_config
     cfg = load_config(args.config, [*MODES[mode], *args.overrides])
     return cfg.algo.learning_starts * cfg.env.num_envs
 

@@ -3,7 +3,7 @@ collectors' and the learners' lists, eval seeds, the machines of a distributed j
 config after its keys were read.
 
 Checks that need the machine (CPUs, memory, /dev/shm, GPUs, files) live in fastsac.launch.preflight
-and fastsac.machine.plan; this module checks what the config alone decides.
+and fastsac.machine (plan, placement); this module checks what the config alone decides.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How a planned process is started (torch-free): its command line and its extra environment.
 
-The rendering half of the job plan: fastsac.machine.plan decides where every process runs (a
+The rendering half of the job plan: fastsac.machine.placement decides where every process runs (a
 node, CPUs, a device, thread counts); this module writes the argv and environment that start it
 there, the same way for the learners, the collectors and the evaluator.
 """

@@ -1,13 +1,14 @@
 """Where the learners of this machine run and which collectors feed each (torch-free): the rules
 behind the learners of a JobPlan (`fastsac.machine.plan.LearnerPlan`).
 
-Pure functions of the config and the discovered Topology, called by `fastsac.machine.plan.plan_job`:
+Pure functions of the config and the discovered Topology, called by the job plan (the placement
+decision of `fastsac.machine.placement`, the rendering of `fastsac.machine.plan.plan_job`):
 
   * devices     fastsac.machine.devices: distributed.learner_devices (each GPU at most once),
                 else the first num_learners GPUs (cuda:0, cuda:1, ...) when the machine has GPUs
                 (or `device` asks for cuda), cpu when it has none or `device` is cpu.
   * nodes       each learner on its GPU's NUMA node (learner_numa_node overrides; unknown or
-                unusable GPU node: the lowest usable node), decided by the rules of fastsac.machine.plan.
+                unusable GPU node: the lowest usable node), decided by the rules of fastsac.machine.placement.
   * collectors  distributed.collector_learners when given; else co-location: a collector goes
                 to a learner on its own NUMA node (round-robin among several there), so no ring
                 is read across a socket; a collector whose node has no learner (or with binding

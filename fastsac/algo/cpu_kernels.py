@@ -116,8 +116,9 @@ def _library() -> _Library:
     lib.layer_norm_silu_backward.argtypes = [p, p, p, p, p, p, i64, i64, p, p, p, p]
     lib.c51_critic_head.argtypes = [p, p, p, p, i64, i64, f32, f32, f32, p, p, p]
     lib.c51_q_head.argtypes = [p, p, i64, i64, p, p]
-    for fn in (lib.layer_norm_silu_forward, lib.layer_norm_silu_backward, lib.c51_critic_head, lib.c51_q_head):
+    for fn in (lib.layer_norm_silu_forward, lib.layer_norm_silu_backward, lib.c51_q_head):
         fn.restype = None
+    lib.c51_critic_head.restype = i64
     return _Library(lib, f"C kernels ({out})")
 
 
@@ -177,9 +178,11 @@ def c51_critic_head(target_logits: Tensor, logits: Tensor, target_atoms: Tensor,
         return _torch_critic_head(target_logits, logits, target_atoms, support, v_min, v_max, grad_scale)
     rows, n = logits.shape
     loss, q, dlogits = logits.new_empty(rows), logits.new_empty(rows), torch.empty_like(logits)
-    _library().lib.c51_critic_head(target_logits.data_ptr(), logits.data_ptr(), target_atoms.data_ptr(),
-                                   support.data_ptr(), rows, n, v_min, v_max, grad_scale, loss.data_ptr(),
-                                   q.data_ptr(), dlogits.data_ptr())
+    nan_atoms = _library().lib.c51_critic_head(target_logits.data_ptr(), logits.data_ptr(), target_atoms.data_ptr(),
+                                               support.data_ptr(), rows, n, v_min, v_max, grad_scale, loss.data_ptr(),
+                                               q.data_ptr(), dlogits.data_ptr())
+    if nan_atoms:    # as the torch ops' projection, which cannot index a NaN position either
+        raise RuntimeError(f"c51_critic_head: {nan_atoms} NaN target atom(s) (NaN rewards, discounts or log-probs)")
     return loss, q, dlogits
 
 

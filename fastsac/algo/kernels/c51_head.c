@@ -9,6 +9,7 @@
  *   loss = -sum_j p*_j log softmax(l)_j,  q = sum_j softmax(l)_j c_j
  *   dlogits = (softmax(l) * sum(p*) - p*) * grad_scale        (d loss / d l, times grad_scale)
  * q_head, per row: q = sum_j softmax(l)_j c_j,  dlogits = softmax(l) * (c - q)
+ * critic_head returns the number of NaN target atoms (0: all is well); the caller raises.
  */
 #include <stdint.h>
 #include <string.h>
@@ -33,11 +34,12 @@ static float softmax_row(const float *restrict x, int64_t n, float *restrict out
     return m + log_f32(sum);
 }
 
-void c51_critic_head(const float *restrict target_logits, const float *restrict logits,
+int64_t c51_critic_head(const float *restrict target_logits, const float *restrict logits,
                      const float *restrict target_atoms, const float *restrict support, int64_t rows, int64_t n,
                      float v_min, float v_max, float grad_scale, float *restrict loss, float *restrict q,
                      float *restrict dlogits) {
     float tp[n], proj[n];
+    int64_t nan_atoms = 0;
     const float delta = (v_max - v_min) / (float)(n - 1);
     for (int64_t r = 0; r < rows; r++) {
         const float *tl = target_logits + r * n, *l = logits + r * n, *ta = target_atoms + r * n;
@@ -52,7 +54,13 @@ void c51_critic_head(const float *restrict target_logits, const float *restrict 
             float lower = __builtin_floorf(b);
             lower = lower > (float)(n - 2) ? (float)(n - 2) : lower;
             float up = b - lower;
-            int64_t k = (int64_t)lower;
+            /* a NaN atom (NaN survives the clamps above) must not become an index: counted, its
+             * mass lands on 0 and 1 as NaN (up is NaN) */
+            int64_t k = 0;
+            if (lower >= 0.f)
+                k = (int64_t)lower;
+            else
+                nan_atoms++;
             proj[k] += tp[j] * (1.f - up);
             proj[k + 1] += tp[j] * up;
         }
@@ -68,6 +76,7 @@ void c51_critic_head(const float *restrict target_logits, const float *restrict 
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) dl[j] = (dl[j] * mass - proj[j]) * grad_scale;
     }
+    return nan_atoms;
 }
 
 void c51_q_head(const float *restrict logits, const float *restrict support, int64_t rows, int64_t n,

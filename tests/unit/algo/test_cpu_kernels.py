@@ -72,6 +72,17 @@ def test_the_c51_heads_match_autograd(kernels):
     assert close(q, ref_q.detach()) and close(dq, x.grad)
 
 
+def test_a_nan_target_atom_is_an_error_not_a_stray_write(kernels):
+    """NaN rewards or log-probs make NaN atom positions: both paths refuse them (the C projection
+    would otherwise index outside its row)."""
+    rows, n = 4, 11
+    support = torch.linspace(-1.0, 1.0, n)
+    atoms = support.expand(rows, n).clone()
+    atoms[2, 5] = float("nan")
+    with pytest.raises(RuntimeError):
+        c51_critic_head(torch.zeros(rows, n), torch.zeros(rows, n), atoms, support, -1.0, 1.0, 0.25)
+
+
 @pytest.mark.parametrize("input_grad", [False, True])
 def test_the_trunk_backward_by_hand_gives_autograds_gradients(kernels, input_grad):
     torch.manual_seed(2)

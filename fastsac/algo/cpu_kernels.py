@@ -29,7 +29,9 @@ KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / "layer_norm_silu.c", KERNELS / "c51_head.c"]
 # no -ffast-math: it links crtfastmath, which sets flush-to-zero for the whole process
 _FLAGS = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared", "-fPIC"]
-_ARCH_FLAGS = (["-march=native"], [])          # the machine's vector extensions; else the baseline
+# tried in order: OpenMP (torch's own libgomp.so.1, already loaded: the same threads and counts as
+# torch's) and the machine's vector extensions; then without each
+_OPTIONAL_FLAGS = (["-fopenmp", "-march=native"], ["-march=native"], ["-fopenmp"], [])
 
 
 class LayerNormSiLUSaved(NamedTuple):
@@ -72,10 +74,10 @@ def _cpu_flags() -> str:
 def _compile(cc: str, out: Path) -> str | None:
     """Compile SOURCES into out (atomically: several processes may build at once); None if done."""
     error = "no attempt"
-    for arch in _ARCH_FLAGS:
+    for optional in _OPTIONAL_FLAGS:
         tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
         try:
-            run = subprocess.run([cc, *_FLAGS, *arch, "-o", str(tmp), *map(str, SOURCES)], capture_output=True,
+            run = subprocess.run([cc, *_FLAGS, *optional, "-o", str(tmp), *map(str, SOURCES)], capture_output=True,
                                  text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{cc}: {exc}"
@@ -97,7 +99,7 @@ def _library() -> _Library:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _Library(None, f"torch ops (no C compiler: {exc})")
     texts = [f.read_text() for f in sorted(KERNELS.iterdir()) if f.suffix in (".c", ".h")]
-    key = hashlib.sha256("\0".join([*texts, version, " ".join(_FLAGS), _cpu_flags()]).encode())
+    key = hashlib.sha256("\0".join([*texts, version, repr((_FLAGS, _OPTIONAL_FLAGS)), _cpu_flags()]).encode())
     lib, problems = None, []
     for folder in _cache_dirs():
         out = folder / f"update-kernels-{key.hexdigest()[:16]}.so"

@@ -38,10 +38,11 @@ int64_t c51_critic_head(const float *restrict target_logits, const float *restri
                      const float *restrict target_atoms, const float *restrict support, int64_t rows, int64_t n,
                      float v_min, float v_max, float grad_scale, float *restrict loss, float *restrict q,
                      float *restrict dlogits) {
-    float tp[n], proj[n];
     int64_t nan_atoms = 0;
     const float delta = (v_max - v_min) / (float)(n - 1);
+#pragma omp parallel for schedule(static) reduction(+ : nan_atoms) if (rows * n >= PARALLEL_MIN_VALUES)
     for (int64_t r = 0; r < rows; r++) {
+        float tp[n], proj[n];
         const float *tl = target_logits + r * n, *l = logits + r * n, *ta = target_atoms + r * n;
         float *dl = dlogits + r * n;
         softmax_row(tl, n, tp);
@@ -81,6 +82,7 @@ int64_t c51_critic_head(const float *restrict target_logits, const float *restri
 
 void c51_q_head(const float *restrict logits, const float *restrict support, int64_t rows, int64_t n,
                 float *restrict q, float *restrict dlogits) {
+#pragma omp parallel for schedule(static) if (rows * n >= PARALLEL_MIN_VALUES)
     for (int64_t r = 0; r < rows; r++) {
         float *dl = dlogits + r * n;
         softmax_row(logits + r * n, n, dl);

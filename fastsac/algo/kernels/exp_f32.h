@@ -1,4 +1,5 @@
-/* exp for float32 rows, shared by the kernels of fastsac/algo/kernels. */
+/* exp for float32 rows, and when a loop over rows is worth OpenMP's threads, shared by the
+ * kernels of fastsac/algo/kernels. */
 #ifndef FASTSAC_EXP_F32_H
 #define FASTSAC_EXP_F32_H
 #include <stdint.h>
@@ -24,5 +25,10 @@ static inline float exp_f32(float x) {
     memcpy(&scale, &bits, sizeof scale);
     return y * scale;
 }
+
+/* A loop over rows runs on the calling thread's OpenMP threads (torch's own runtime: the library
+ * is linked against libgomp.so.1, which torch has loaded, and torch.set_num_threads sets the
+ * count) when it covers at least this many values, as ATen's parallel grain; below, on one. */
+#define PARALLEL_MIN_VALUES 32768
 
 #endif

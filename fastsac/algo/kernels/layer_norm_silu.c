@@ -29,6 +29,7 @@
 void layer_norm_silu_forward(const float *z, const float *restrict gamma, const float *restrict beta,
                              int64_t rows, int64_t width, float eps, float *h,
                              float *restrict xhat, float *restrict sig, float *restrict rstd) {
+#pragma omp parallel for schedule(static) if (rows * width >= PARALLEL_MIN_VALUES)
     for (int64_t r = 0; r < rows; r++) {
         const float *zr = z + r * width;
         float *hr = h + r * width;
@@ -76,6 +77,8 @@ void layer_norm_silu_backward(const float *dh, const float *restrict xhat, const
         dbeta[i] = 0.f;
         dz_sum[i] = 0.f;
     }
+#pragma omp parallel for schedule(static) reduction(+ : dgamma[:width], dbeta[:width], dz_sum[:width]) \
+    if (rows * width >= PARALLEL_MIN_VALUES)
     for (int64_t r = 0; r < rows; r++) {
         const float *dhr = dh + r * width, *xr = xhat + r * width, *sr = sig + r * width;
         float *dzr = dz + r * width;

@@ -107,3 +107,30 @@ def test_the_trunk_backward_by_hand_gives_autograds_gradients(kernels, input_gra
 def test_a_trunk_that_is_not_linear_norm_silu_is_refused():
     with pytest.raises(ValueError, match="not an mlp_trunk"):
         hidden_layers(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.SiLU()))
+
+
+def test_large_blocks_on_two_threads_give_what_one_thread_gives():
+    """Blocks of >= 32768 values run their rows on the calling thread's OpenMP threads (the
+    column sums of the backward reduced over threads): the same values as on one thread."""
+    assert kernels_in_use().startswith("C kernels"), kernels_in_use()
+    g = torch.Generator().manual_seed(3)
+    z, dh = torch.randn(600, 128, generator=g) * 2, torch.randn(600, 128, generator=g)
+    gamma, beta = torch.rand(128, generator=g) + 0.5, torch.randn(128, generator=g) * 0.1
+    logits, target_logits = torch.randn(600, 61, generator=g), torch.randn(600, 61, generator=g)
+    support = torch.linspace(-10.0, 10.0, 61)
+    atoms = (support * 0.9 + torch.randn(600, 1, generator=g)).contiguous()
+
+    def run() -> list[torch.Tensor]:
+        h, saved = layer_norm_silu(z.clone(), gamma, beta, 1e-5, save=True)
+        return [h, *layer_norm_silu_backward(dh.clone(), saved, gamma, beta),
+                *c51_critic_head(target_logits, logits, atoms, support, -10.0, 10.0, 1 / 600), *c51_q_head(logits, support)]
+
+    one = run()
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = run()
+    finally:
+        torch.set_num_threads(n)
+    for a, b in zip(two, one):
+        assert close(a, b, 1e-5)

@@ -179,10 +179,15 @@ class FastSAC:
         loss = -(target * log_probs).sum(-1).mean()
         return loss, (log_probs.detach().exp() * support).sum(-1).mean()
 
-    def _critic_net_grads(self, k: int, targets: Future[CriticTargets], x: Tensor):
-        """One twin's half of the critic step (on its own thread, see TwinRunner): loss, mean Q, grads."""
+    def _critic_net_grads(self, k: int, targets: Future[CriticTargets], x: Tensor, step: bool):
+        """One twin's half of the critic step (on its own thread, see TwinRunner): loss, mean Q, grads;
+        with step, also its AdamW step and Polyak average (nothing couples the twins' steps then)."""
         if self._by_hand is not None:
-            return self._by_hand.critic_net_grads(k, targets, x)
+            loss, q_value, grads = self._by_hand.critic_net_grads(k, targets, x)
+            if step:
+                self._install(self._net_params[k], grads)
+                self._critic_net_step(k)
+            return loss, q_value, grads
         next_x, target_atoms, _ = targets.result()
         loss, q_value = self._critic_loss(k, next_x, x, target_atoms)
         return loss.detach(), q_value, torch.autograd.grad(loss, self._net_params[k])
@@ -238,12 +243,17 @@ class FastSAC:
             # targets (an actor forward) are made while the worker's twin runs its forward at x.
             targets: Future[CriticTargets] = Future()
             prepare = functools.partial(self._resolve_targets, targets, batch, next_obs_n, next_noise, alpha)
-            return self._twins.run_after(prepare, self._critic_net_grads, targets, x), targets.result()
+            halves = self._twins.run_after(prepare, self._critic_net_grads, targets, x, step_in_halves)
+            return halves, targets.result()
 
+        # each twin steps in its own half unless its step needs the other's gradients (clipping by
+        # their joint norm, averaging over learner ranks), or a compile fallback may redo the halves
+        step_in_halves = self._by_hand is not None and self.grad_sync is None and not cfg.max_grad_norm > 0
         halves, (_, _, next_log_prob) = self._guarded("critic", critic_halves)
         qf_loss, q_value = halves[0][0] + halves[1][0], (halves[0][1] + halves[1][1]) / 2
-        self._install(self._critic_params, [*halves[0][2], *halves[1][2]])
-        self._twins.run(self._critic_net_step)
+        if not step_in_halves:
+            self._install(self._critic_params, [*halves[0][2], *halves[1][2]])
+            self._twins.run(self._critic_net_step)
         if cfg.autotune_alpha:
             # d/dlog_alpha of -mean(alpha * (log pi(a'|s') + target_entropy)), alpha = exp(log_alpha)
             alpha_grad = -(self.log_alpha.detach().exp() * (next_log_prob + self.target_entropy).mean())

@@ -4,7 +4,7 @@ With this directory on PYTHONPATH every Python process of a job imports it at st
 (`site` imports `sitecustomize`). When the learner then imports fastsac.learner.loop:
 
 * FASTSAC_TEST_SLOW_COMPILE_S: FastSAC is patched to behave like `algo.compile: true` on
-  CUDA: `agent.compiled` is True and the first critic-loss call blocks for that many seconds,
+  CUDA: `agent.compiled` is True and the first critic half blocks for that many seconds,
   standing in for the one-off torch.compile that a CPU run never does.
 * FASTSAC_TEST_SLOW_SAVE_S: every checkpoint save first blocks for that many seconds,
   standing in for large networks written to a slow disk.
@@ -31,15 +31,17 @@ if _COMPILE_DELAY > 0 or _SAVE_DELAY > 0:
         def __init__(self, *args, **kwargs):
             original_init(self, *args, **kwargs)
             self.compiled = True
-            critic_loss, first = self._critic_loss, [True]
+            # each twin's half of the critic step: what the update calls first on every path (the
+            # CPU path by hand never calls the critic loss that torch.compile would wrap on CUDA)
+            critic_net_grads, first = self._critic_net_grads, [True]
 
             def slow_first_call(*a, **kw):
                 if first:
                     first.clear()
                     time.sleep(_COMPILE_DELAY)
-                return critic_loss(*a, **kw)
+                return critic_net_grads(*a, **kw)
 
-            self._critic_loss = slow_first_call
+            self._critic_net_grads = slow_first_call
 
         algo.FastSAC.__init__ = __init__
 

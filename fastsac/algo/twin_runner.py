@@ -51,14 +51,7 @@ class TwinRunner:
         torch.set_num_threads(per_half)
 
     def run(self, fn: Callable[..., T], *args) -> tuple[T, T]:
-        if self._worker is None:
-            return fn(0, *args), fn(1, *args)
-        second = self._worker.submit(fn, 1, *args)
-        try:
-            first = fn(0, *args)
-        finally:
-            wait([second])   # never leave the worker running on tensors the caller is about to change
-        return first, second.result()
+        return self.run_after(_nothing, fn, *args)
 
     def run_after(self, prepare: Callable[[], None], fn: Callable[..., T], *args) -> tuple[T, T]:
         """run(fn, *args) with prepare() on the calling thread first: in parallel, while the worker
@@ -72,7 +65,7 @@ class TwinRunner:
             prepare()
             first = fn(0, *args)
         finally:
-            wait([second])
+            wait([second])   # never leave the worker running on tensors the caller is about to change
         return first, second.result()
 
     def _stop_worker(self) -> None:
@@ -82,3 +75,7 @@ class TwinRunner:
 
     def close(self) -> None:
         self._stop_worker()
+
+
+def _nothing() -> None:
+    """run's prepare: nothing to make first."""
